@@ -1,0 +1,27 @@
+import os
+
+import click
+from celery import Celery
+from celery.schedules import crontab
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+
+app = Celery("lazarus")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks(["recovery"])
+
+app.user_options["worker"].add(
+    click.Option(
+        ["--collector/--no-collector"],
+        default=None,
+        help="Run the Lazarus collector threads in this worker (default: COLLECTOR_ENABLED).",
+    )
+)
+
+from recovery.bootsteps import CollectorStep  # noqa: E402
+
+app.steps["worker"].add(CollectorStep)
+
+app.conf.beat_schedule = {
+    "retention": {"task": "recovery.tasks.apply_retention", "schedule": crontab(minute=17)},
+}

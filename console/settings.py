@@ -1,0 +1,255 @@
+"""Lazarus settings: everything an operator may change comes from the environment.
+
+The helpers below fail loudly (ImproperlyConfigured) on a value they cannot parse, so a typo in a
+deployment is an error at start-up, not a silent default at 3 a.m.
+"""
+
+import os
+import warnings
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_str(name, default=None):
+    value = os.environ.get(name)
+    if value is None or value == "":
+        if default is None:
+            raise ImproperlyConfigured(f"environment variable {name} is required")
+        return default
+    return value
+
+
+def env_bool(name, default):
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ImproperlyConfigured(f"{name}={value!r} is not a boolean (use true/false)")
+
+
+def env_int(name, default, minimum=None):
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={value!r} is not an integer") from None
+    if minimum is not None and number < minimum:
+        raise ImproperlyConfigured(f"{name}={number} is below the minimum {minimum}")
+    return number
+
+
+def env_float(name, default):
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={value!r} is not a number") from None
+
+
+def env_list(name, default):
+    value = os.environ.get(name)
+    if value is None:
+        return list(default)
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def env_url(name, default, schemes):
+    value = env_str(name, default)
+    parsed = urlparse(value)
+    if parsed.scheme not in schemes or not parsed.hostname:
+        raise ImproperlyConfigured(
+            f"{name}={value!r} is not a URL with scheme {' or '.join(schemes)} and a host"
+        )
+    return value
+
+
+def database_from_url(url):
+    parsed = urlparse(url)
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": unquote(parsed.path.lstrip("/")) or "lazarus",
+        "USER": unquote(parsed.username or "postgres"),
+        "PASSWORD": unquote(parsed.password or ""),
+        "HOST": parsed.hostname or "127.0.0.1",
+        "PORT": str(parsed.port or 5432),
+        "CONN_MAX_AGE": 60,
+        "CONN_HEALTH_CHECKS": True,
+    }
+
+
+DEVELOPMENT_SECRET_KEY = "lazarus-development-only-secret-key-change-me-in-production-0123456789"
+
+DEBUG = env_bool("DEBUG", False)
+SECRET_KEY = os.environ.get("SECRET_KEY") or ""
+if not SECRET_KEY:
+    SECRET_KEY = DEVELOPMENT_SECRET_KEY
+    warnings.warn(
+        "SECRET_KEY is not set: using the development key. Set SECRET_KEY in production.",
+        RuntimeWarning,
+        stacklevel=1,
+    )
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+DATABASE_URL = env_url(
+    "DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/lazarus", ("postgres", "postgresql")
+)
+DATABASES = {"default": database_from_url(DATABASE_URL)}
+
+# The broker Lazarus watches. Its vhost is the default vhost for the collector and replays.
+RABBITMQ_URL = env_url("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F", ("amqp", "amqps"))
+RABBITMQ_MANAGEMENT_URL = env_url(
+    "RABBITMQ_MANAGEMENT_URL", "http://guest:guest@127.0.0.1:15672", ("http", "https")
+)
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.postgres",
+    "django_htmx",
+    "template_partials",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "recovery",
+    "console",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+    "console.middleware.ContentSecurityPolicyMiddleware",
+]
+
+ROOT_URLCONF = "console.urls"
+WSGI_APPLICATION = "console.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "console.context_processors.roles",
+            ],
+        },
+    },
+]
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = BASE_DIR / "var" / "staticfiles"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "messages"
+LOGOUT_REDIRECT_URL = "login"
+
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0, minimum=0)
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "recovery.api.auth.HashedTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["recovery.api.permissions.RolePermission"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_PAGINATION_CLASS": "recovery.api.pagination.NewestFirstCursorPagination",
+    "PAGE_SIZE": 50,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Lazarus API",
+    "DESCRIPTION": "Browse, replay and audit messages RabbitMQ gave up on.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# --- Recovery topology (DESIGN.md "Broker topology"); every name is configurable. ---
+RECOVERY_DLX = env_str("RECOVERY_DLX", "recovery.dlx")
+RECOVERY_DEAD_LETTER_QUEUE = env_str("RECOVERY_DEAD_LETTER_QUEUE", "recovery.dead_letters")
+RECOVERY_UNROUTED = env_str("RECOVERY_UNROUTED", "recovery.unrouted")
+RECOVERY_RETURNS_QUEUE = env_str("RECOVERY_RETURNS_QUEUE", "recovery.returns")
+RECOVERY_QUARANTINE_QUEUE = env_str("RECOVERY_QUARANTINE_QUEUE", "recovery.quarantine")
+# The vhosts the collector serves; each needs `manage.py wire --vhost V`. Default: the vhost of
+# RABBITMQ_URL.
+RECOVERY_VHOSTS = env_list("RECOVERY_VHOSTS", [unquote(urlparse(RABBITMQ_URL).path[1:] or "/")])
+
+# Collector tunables (measured in bench/collector.py).
+COLLECTOR_ENABLED = env_bool("COLLECTOR_ENABLED", True)
+COLLECTOR_PREFETCH = env_int("COLLECTOR_PREFETCH", 2000, minimum=1)
+COLLECTOR_BATCH_SIZE = env_int("COLLECTOR_BATCH_SIZE", 500, minimum=1)
+COLLECTOR_FLUSH_SECONDS = env_float("COLLECTOR_FLUSH_SECONDS", 0.2)
+COLLECTOR_MAX_BODY_BYTES = env_int("COLLECTOR_MAX_BODY_BYTES", 64 * 1024 * 1024, minimum=1)
+
+# Replay.
+REPLAY_CONFIRM_TIMEOUT_SECONDS = env_float("REPLAY_CONFIRM_TIMEOUT_SECONDS", 30.0)
+POISON_THRESHOLD = env_int("POISON_THRESHOLD", 3, minimum=1)
+RETENTION_DAYS = env_int("RETENTION_DAYS", 30, minimum=1)
+
+# Audit (spark/).
+AUDIT_PRODUCER_LOGS = env_str("AUDIT_PRODUCER_LOGS", str(BASE_DIR / "var" / "logs" / "producer"))
+AUDIT_CONSUMER_LOGS = env_str("AUDIT_CONSUMER_LOGS", str(BASE_DIR / "var" / "logs" / "consumer"))
+SPARK_MASTER = env_str("SPARK_MASTER", "local[*]")
+
+# Celery: its own task traffic goes through the same RabbitMQ unless CELERY_BROKER_URL says otherwise.
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", RABBITMQ_URL)
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_TASK_DEFAULT_QUEUE", "lazarus.tasks")
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        "recovery": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+        "pika": {"handlers": ["console"], "level": "WARNING"},
+    },
+}

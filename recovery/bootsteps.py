@@ -1,0 +1,38 @@
+"""Celery worker bootstep that runs the collector threads inside a worker process."""
+
+import logging
+
+from celery import bootsteps
+
+log = logging.getLogger(__name__)
+
+
+class CollectorStep(bootsteps.StartStopStep):
+    """Starts ``recovery.collector`` threads with the worker and stops them on shutdown.
+
+    Enabled by ``--collector`` (default: the COLLECTOR_ENABLED setting). Run workers with
+    ``--no-collector`` to dedicate them to replay jobs and audits.
+    """
+
+    def __init__(self, worker, collector=None, **kwargs):
+        from django.conf import settings
+
+        self.enabled = settings.COLLECTOR_ENABLED if collector is None else collector
+        self.stop_event = None
+        self.threads = []
+        super().__init__(worker, **kwargs)
+
+    def start(self, worker):
+        from recovery.collector import start_collectors
+
+        self.stop_event, self.threads = start_collectors()
+        log.info("collector started: %s", ", ".join(t.name for t in self.threads))
+
+    def stop(self, worker):
+        from recovery.collector import stop_collectors
+
+        if self.stop_event is not None:
+            stop_collectors(self.stop_event, self.threads)
+            log.info("collector stopped")
+
+    shutdown = stop

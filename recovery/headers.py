@@ -1,0 +1,101 @@
+"""AMQP header values <-> JSON, without losing what a value means.
+
+JSON has strings, numbers, booleans, null, objects and arrays. AMQP tables also carry decimals,
+timestamps, byte arrays and a float/int distinction a consumer may care about. Those are stored as
+tagged objects ``{"$t": TYPE, "v": VALUE}`` so that a replay puts the same values back on the wire,
+while plain strings, ints and booleans stay plain (searchable with ordinary JSON operators).
+
+A user table that happens to contain the key ``"$t"`` is wrapped as ``{"$t": "table", "v": {...}}``
+so it cannot be mistaken for a tag.
+"""
+
+import base64
+import datetime
+import decimal
+import math
+
+TAG = "$t"
+
+
+def to_json(value):
+    """One AMQP (pika or py-amqp decoded) value -> a JSON-safe value."""
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            return {TAG: "float", "v": repr(value)}
+        return {TAG: "float", "v": value}
+    if isinstance(value, decimal.Decimal):
+        return {TAG: "decimal", "v": str(value)}
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=datetime.UTC)
+        return {TAG: "timestamp", "v": int(value.timestamp())}
+    if isinstance(value, bytes | bytearray | memoryview):
+        return {TAG: "bytes", "v": base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, dict):
+        table = {str(k): to_json(v) for k, v in value.items()}
+        if TAG in table:
+            return {TAG: "table", "v": table}
+        return table
+    if isinstance(value, list | tuple):
+        return [to_json(item) for item in value]
+    # Anything else a client library invents: keep its text, say what it was.
+    return {TAG: "repr", "v": repr(value), "type": type(value).__name__}
+
+
+def from_json(value):
+    """Inverse of to_json: JSON -> values pika encodes with the same AMQP field types."""
+    if isinstance(value, list):
+        return [from_json(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    tag = value.get(TAG)
+    if tag is None:
+        return {k: from_json(v) for k, v in value.items()}
+    raw = value.get("v")
+    if tag == "float":
+        return float(raw)
+    if tag == "decimal":
+        return decimal.Decimal(raw)
+    if tag == "timestamp":
+        return datetime.datetime.fromtimestamp(raw, tz=datetime.UTC).replace(tzinfo=None)
+    if tag == "bytes":
+        return base64.b64decode(raw)
+    if tag == "table":
+        return {k: from_json(v) for k, v in raw.items()}
+    if tag == "repr":
+        return raw
+    raise ValueError(f"unknown header tag {tag!r}")
+
+
+def headers_to_json(headers):
+    return {str(k): to_json(v) for k, v in (headers or {}).items()}
+
+
+def headers_from_json(data):
+    return {k: from_json(v) for k, v in (data or {}).items()}
+
+
+def plain(value):
+    """A tagged JSON value as something readable for display (timestamps as ISO, bytes as text)."""
+    if isinstance(value, list):
+        return [plain(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    tag = value.get(TAG)
+    if tag is None:
+        return {k: plain(v) for k, v in value.items()}
+    if tag == "timestamp":
+        return datetime.datetime.fromtimestamp(value["v"], tz=datetime.UTC).isoformat()
+    if tag == "bytes":
+        raw = base64.b64decode(value["v"])
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return "0x" + raw.hex()
+    if tag == "table":
+        return {k: plain(v) for k, v in value["v"].items()}
+    return value["v"]

@@ -1,0 +1,295 @@
+"""The recovery store (DESIGN.md "The recovery store").
+
+One ``Message`` row per collected message, exactly once (``fingerprint`` is unique), plus the trail
+of what operators did with it. Business rules live here as model methods; views and API call them.
+"""
+
+import hashlib
+import secrets
+
+from django.conf import settings
+from django.contrib.auth.models import Group
+from django.contrib.postgres.indexes import GinIndex
+from django.db import models
+from django.utils import timezone
+
+from recovery import headers as header_codec
+
+
+class Kind(models.TextChoices):
+    DEAD_LETTER = "dead_letter"
+    UNROUTABLE = "unroutable"
+    RETURNED = "returned"
+    NACKED = "nacked"
+    UNCONFIRMED = "unconfirmed"
+
+
+class Reason(models.TextChoices):
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    MAXLEN = "maxlen"
+    DELIVERY_LIMIT = "delivery_limit"
+    NO_ROUTE = "no_route"
+    NACK = "nack"
+    TIMEOUT = "timeout"
+    UNKNOWN = "unknown"
+
+
+class Status(models.TextChoices):
+    PENDING = "pending"
+    REPLAYING = "replaying"
+    REPLAYED = "replayed"
+    DISCARDED = "discarded"
+    POISONED = "poisoned"
+
+
+class Role(models.TextChoices):
+    VIEWER = "viewer"
+    OPERATOR = "operator"
+    ADMIN = "admin"
+
+
+ROLE_ORDER = [Role.VIEWER, Role.OPERATOR, Role.ADMIN]
+
+
+def role_of(user):
+    """The strongest role a user holds (superusers are admins); None when the user has none."""
+    if not user or not user.is_authenticated:
+        return None
+    if user.is_superuser:
+        return Role.ADMIN
+    names = set(user.groups.values_list("name", flat=True))
+    for role in reversed(ROLE_ORDER):
+        if role.value in names:
+            return role
+    return None
+
+
+def has_role(user, minimum):
+    role = role_of(user)
+    return role is not None and ROLE_ORDER.index(role) >= ROLE_ORDER.index(Role(minimum))
+
+
+def set_role(user, role):
+    role = Role(role)
+    groups = [Group.objects.get_or_create(name=r.value)[0] for r in ROLE_ORDER]
+    user.groups.remove(*groups)
+    user.groups.add(next(g for g in groups if g.name == role.value))
+
+
+class Message(models.Model):
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    vhost = models.CharField(max_length=255, default="/")
+    source_queue = models.CharField(max_length=255, blank=True, default="")
+    source_exchange = models.CharField(max_length=255, blank=True, default="")
+    routing_keys = models.JSONField(default=list)
+    reason = models.CharField(max_length=16, choices=Reason.choices, default=Reason.UNKNOWN)
+    death_count = models.IntegerField(default=0)
+    first_death_at = models.DateTimeField(null=True, blank=True)
+    last_death_at = models.DateTimeField(null=True, blank=True)
+    message_id = models.CharField(max_length=255, blank=True, default="")
+    correlation_id = models.CharField(max_length=255, blank=True, default="")
+    # All AMQP basic properties except headers, JSON-encoded with recovery.headers.
+    properties = models.JSONField(default=dict)
+    headers = models.JSONField(default=dict)
+    body = models.BinaryField()
+    body_size = models.IntegerField()
+    content_type = models.CharField(max_length=255, blank=True, default="")
+    content_encoding = models.CharField(max_length=255, blank=True, default="")
+    fingerprint = models.CharField(max_length=64, unique=True)
+    group_key = models.CharField(max_length=64, db_index=True)
+    group_label = models.TextField(blank=True, default="")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    status_reason = models.TextField(blank=True, default="")
+    replay_count = models.IntegerField(default=0)
+    # A replayed message that died again points at the record it was replayed from.
+    origin = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="returns"
+    )
+    collected_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+    last_replayed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-collected_at", "-id"]
+        indexes = [
+            models.Index(fields=["-collected_at", "-id"], name="msg_newest"),
+            models.Index(fields=["kind", "-collected_at", "-id"], name="msg_kind_newest"),
+            models.Index(fields=["status", "-collected_at", "-id"], name="msg_status_newest"),
+            models.Index(fields=["source_queue", "-collected_at", "-id"], name="msg_queue_newest"),
+            models.Index(fields=["reason", "-collected_at", "-id"], name="msg_reason_newest"),
+            models.Index(fields=["source_exchange", "-collected_at"], name="msg_exchange_newest"),
+            models.Index(fields=["message_id"], name="msg_message_id"),
+            models.Index(fields=["correlation_id"], name="msg_correlation_id"),
+            GinIndex(fields=["headers"], name="msg_headers_gin", opclasses=["jsonb_path_ops"]),
+        ]
+
+    def __str__(self):
+        return f"{self.kind} {self.message_id or self.pk} from {self.source_queue}"
+
+    @property
+    def wire_headers(self):
+        return header_codec.headers_from_json(self.headers)
+
+    @property
+    def x_death(self):
+        return [header_codec.plain(entry) for entry in self.headers.get("x-death", [])]
+
+    @property
+    def body_bytes(self):
+        return bytes(self.body)
+
+    @property
+    def is_replayable(self):
+        return self.status in (Status.PENDING, Status.POISONED, Status.REPLAYED)
+
+    def default_target(self):
+        """(exchange, routing_key) of the default replay target, per DESIGN.md.
+
+        A dead letter goes back to the queue it died in through the default exchange, so a fanout
+        is never re-fanned to queues that already consumed it. Unroutable and returned messages go
+        back to their original exchange and routing key.
+        """
+        if self.kind == Kind.DEAD_LETTER and self.source_queue:
+            return "", self.source_queue
+        routing_key = self.routing_keys[0] if self.routing_keys else ""
+        return self.source_exchange, routing_key
+
+
+class ReplayAttempt(models.Model):
+    class Outcome(models.TextChoices):
+        CONFIRMED = "confirmed"
+        RETURNED = "returned"
+        NACKED = "nacked"
+        FAILED = "failed"
+
+    message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="attempts")
+    job = models.ForeignKey(
+        "ReplayJob", null=True, blank=True, on_delete=models.SET_NULL, related_name="attempts"
+    )
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    exchange = models.CharField(max_length=255, blank=True, default="")
+    routing_key = models.CharField(max_length=255, blank=True, default="")
+    outcome = models.CharField(max_length=16, choices=Outcome.choices)
+    detail = models.TextField(blank=True, default="")
+    edited = models.BooleanField(default=False)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+
+class ReplayJob(models.Model):
+    """A bulk replay. The engine that runs it lives in recovery.replay (issue: replay engine)."""
+
+    class State(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        PAUSED = "paused"
+        CANCELLED = "cancelled"
+        DONE = "done"
+        FAILED = "failed"
+
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    filters = models.JSONField(default=dict, blank=True)
+    message_ids = models.JSONField(default=list, blank=True)
+    group_key = models.CharField(max_length=64, blank=True, default="")
+    target_exchange = models.CharField(max_length=255, blank=True, null=True)
+    target_routing_key = models.CharField(max_length=255, blank=True, null=True)
+    rate = models.FloatField(null=True, blank=True)
+    include_poisoned = models.BooleanField(default=False)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED)
+    state_reason = models.TextField(blank=True, default="")
+    total = models.IntegerField(default=0)
+    sent = models.IntegerField(default=0)
+    confirmed = models.IntegerField(default=0)
+    returned = models.IntegerField(default=0)
+    failed = models.IntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+
+class Activity(models.Model):
+    """Who did what: every replay, edit, discard, job and role change."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    action = models.CharField(max_length=32)
+    message = models.ForeignKey(
+        Message, null=True, blank=True, on_delete=models.SET_NULL, related_name="activity"
+    )
+    job = models.ForeignKey(ReplayJob, null=True, blank=True, on_delete=models.SET_NULL)
+    detail = models.JSONField(default=dict, blank=True)
+    via = models.CharField(max_length=8, default="console")  # console | api | system
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name_plural = "activity"
+
+
+def hash_token(raw):
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+class ApiToken(models.Model):
+    """An API token. Only its SHA-256 is stored; the key is shown once, at creation."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
+    name = models.CharField(max_length=100, blank=True, default="")
+    prefix = models.CharField(max_length=8)
+    digest = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    @classmethod
+    def issue(cls, user, name=""):
+        raw = "lz_" + secrets.token_urlsafe(32)
+        token = cls.objects.create(user=user, name=name, prefix=raw[:8], digest=hash_token(raw))
+        return token, raw
+
+    @classmethod
+    def authenticate(cls, raw):
+        token = (
+            cls.objects.select_related("user")
+            .filter(digest=hash_token(raw), revoked_at__isnull=True, user__is_active=True)
+            .first()
+        )
+        if token is not None:
+            cls.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
+        return token
+
+    def revoke(self):
+        self.revoked_at = timezone.now()
+        self.save(update_fields=["revoked_at"])
+
+
+class CollectorHeartbeat(models.Model):
+    """One row per running collector thread, upserted every few seconds (healthz, console)."""
+
+    worker = models.CharField(max_length=255)
+    vhost = models.CharField(max_length=255)
+    queue = models.CharField(max_length=255)
+    collected = models.BigIntegerField(default=0)
+    duplicates = models.BigIntegerField(default=0)
+    quarantined = models.BigIntegerField(default=0)
+    errors = models.BigIntegerField(default=0)
+    last_error = models.TextField(blank=True, default="")
+    started_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["worker", "vhost", "queue"], name="heartbeat_unique")
+        ]
