@@ -236,7 +236,7 @@ AUDIT_PRODUCER_LOGS = env_str("AUDIT_PRODUCER_LOGS", str(BASE_DIR / "var" / "log
 AUDIT_CONSUMER_LOGS = env_str("AUDIT_CONSUMER_LOGS", str(BASE_DIR / "var" / "logs" / "consumer"))
 SPARK_MASTER = env_str("SPARK_MASTER", "local[*]")
 
-# Celery: its own task traffic goes through the same RabbitMQ unless CELERY_BROKER_URL says otherwise.
+# Celery task traffic uses the same RabbitMQ unless CELERY_BROKER_URL says otherwise.
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", RABBITMQ_URL)
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

@@ -98,8 +98,11 @@ class Management:
 
     def queues(self, vhost=None):
         path = f"/queues/{self.quote(vhost)}" if vhost else "/queues"
-        return self.request("GET", path + "?columns=name,vhost,messages,messages_ready,"
-                            "messages_unacknowledged,consumers,type,policy,arguments")
+        return self.request(
+            "GET",
+            path + "?columns=name,vhost,messages,messages_ready,"
+            "messages_unacknowledged,consumers,type,policy,arguments",
+        )
 
     def bindings(self, vhost):
         return self.request("GET", f"/bindings/{self.quote(vhost)}")

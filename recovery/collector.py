@@ -11,6 +11,7 @@ kombu consumers on the worker's own connection, keep the drain independent of ta
 allow multiple-ack, the single biggest factor in drain speed (bench/collector.py).
 """
 
+import contextlib
 import logging
 import socket
 import threading
@@ -111,10 +112,8 @@ class SourceCollector(threading.Thread):
 
     def _close_pg(self):
         if self.pg is not None:
-            try:
+            with contextlib.suppress(psycopg.Error):
                 self.pg.close()
-            except psycopg.Error:
-                pass
             self.pg = None
 
     def _pg(self):
@@ -137,23 +136,21 @@ class SourceCollector(threading.Thread):
                 if method is not None:
                     row = self.to_row(quarantine, method, properties, body)
                     if row is not None:
-                        batch.append(row)
+                        batch.append((row, properties, body))
                     last_tag = method.delivery_tag
                 if last_tag is not None and (method is None or len(batch) >= self.batch_size):
-                    self.flush(channel, batch, last_tag)
+                    self.flush(channel, quarantine, batch, last_tag)
                     batch, last_tag = [], None
                 if method is None:
                     self.beat()
                 if self.stop_event.is_set():
                     break
             if last_tag is not None:
-                self.flush(channel, batch, last_tag)
+                self.flush(channel, quarantine, batch, last_tag)
         finally:
             if connection.is_open:
-                try:
+                with contextlib.suppress(pika.exceptions.AMQPError):
                     connection.close()
-                except pika.exceptions.AMQPError:
-                    pass
 
     def to_row(self, quarantine, method, properties, body):
         """The store row for a delivery, or None after sending it to quarantine (confirmed)."""
@@ -186,16 +183,24 @@ class SourceCollector(threading.Thread):
         self.counters.add(quarantined=1)
         return None
 
-    def flush(self, channel, batch, last_tag):
+    def flush(self, channel, quarantine, batch, last_tag):
+        """Store a batch, then ack it (multiple) — never the other way round."""
+        new = self.store(channel, quarantine, batch)
+        channel.basic_ack(last_tag, multiple=True)
+        self.counters.add(collected=new, duplicates=len(batch) - new)
+        self.beat()
+
+    def store(self, channel, quarantine, batch):
         # Retry the database until it answers: the deliveries stay unacked (and safe in the
         # broker) meanwhile. A broken AMQP connection ends the retry: they will be redelivered.
         delay = BACKOFF_FIRST
         while True:
             try:
-                new = store_rows(self._pg(), batch)
-                break
+                return store_rows(self._pg(), [row for row, _props, _body in batch])
             except psycopg.OperationalError as exc:
-                log.warning("collector %s/%s: database error %s; retrying", self.vhost, self.queue, exc)
+                log.warning(
+                    "collector %s/%s: database error %s; retrying", self.vhost, self.queue, exc
+                )
                 self.counters.errors += 1
                 self.counters.last_error = f"{type(exc).__name__}: {exc}"
                 self._close_pg()
@@ -203,9 +208,27 @@ class SourceCollector(threading.Thread):
                     raise
                 channel.connection.sleep(delay)  # keeps AMQP heartbeats flowing
                 delay = min(delay * 2, BACKOFF_MAX)
-        channel.basic_ack(last_tag, multiple=True)
-        self.counters.add(collected=new, duplicates=len(batch) - new)
-        self.beat()
+            except psycopg.Error as exc:
+                # The batch holds a row the database refuses (not a transient failure): store
+                # row by row and quarantine the ones refused, instead of retrying forever.
+                log.warning(
+                    "collector %s/%s: batch refused (%s); storing one by one",
+                    self.vhost,
+                    self.queue,
+                    exc,
+                )
+                return self.store_one_by_one(quarantine, batch)
+
+    def store_one_by_one(self, quarantine, batch):
+        new = 0
+        for row, properties, body in batch:
+            try:
+                new += store_rows(self._pg(), [row])
+            except psycopg.OperationalError:
+                raise
+            except psycopg.Error as exc:
+                self.quarantine(quarantine, properties, body, f"database refused: {exc}")
+        return new
 
     def beat(self, every=HEARTBEAT_SECONDS):
         """Upsert this thread's counters so /healthz and the console can see every collector."""
@@ -225,8 +248,16 @@ class SourceCollector(threading.Thread):
               quarantined = EXCLUDED.quarantined, errors = EXCLUDED.errors,
               last_error = EXCLUDED.last_error, updated_at = now()
             """,
-            (self.worker, self.vhost, self.queue, c.collected, c.duplicates, c.quarantined,
-             c.errors, c.last_error[:2000]),
+            (
+                self.worker,
+                self.vhost,
+                self.queue,
+                c.collected,
+                c.duplicates,
+                c.quarantined,
+                c.errors,
+                c.last_error[:2000],
+            ),
         )
 
 

@@ -60,6 +60,7 @@ ROW_COLUMNS = (
     "group_key",
     "group_label",
     "status",
+    "status_reason",
     "replay_count",
     "origin_id",
 )
@@ -135,7 +136,9 @@ def failure_group(queue, reason, headers):
     )
     # Ids and counts inside an exception message would make every message its own group.
     exc_message = _NUMBERS.sub("#", exc_message.splitlines()[0] if exc_message else "")[:200]
-    label = " · ".join(part for part in (queue or "(no queue)", reason, exc_type, exc_message) if part)
+    label = " · ".join(
+        part for part in (queue or "(no queue)", reason, exc_type, exc_message) if part
+    )
     return hashlib.sha1(label.encode()).hexdigest(), label
 
 
@@ -174,7 +177,15 @@ def delivery_to_row(vhost, queue, exchange, routing_key, properties, body, poiso
         kind, reason = "unroutable", "no_route"
         source_queue, source_exchange, routing_keys = "", exchange, [routing_key]
 
-    if reason not in ("rejected", "expired", "maxlen", "delivery_limit", "no_route", "nack", "timeout"):
+    if reason not in (
+        "rejected",
+        "expired",
+        "maxlen",
+        "delivery_limit",
+        "no_route",
+        "nack",
+        "timeout",
+    ):
         reason = "unknown"
     replay_count = _as_int(headers.get("x-recovery-replay-count"), 0)
     origin_id = _as_int(headers.get("x-recovery-origin"), 0) or None
@@ -202,6 +213,7 @@ def delivery_to_row(vhost, queue, exchange, routing_key, properties, body, poiso
         "group_label": group_label,
         # A message that keeps coming back after replays is poison: bulk replays skip it.
         "status": "poisoned" if origin_id and replay_count >= poison_threshold else "pending",
+        "status_reason": "",
         "replay_count": replay_count,
         "origin_id": origin_id,
     }
@@ -228,10 +240,7 @@ def store_rows(conn, rows):
         with cur.copy(f"COPY recovery_message_stage ({columns}) FROM STDIN") as copy:
             for row in rows:
                 copy.write_row(
-                    [
-                        json.dumps(row[c]) if c in _JSON_COLUMNS else row[c]
-                        for c in ROW_COLUMNS
-                    ]
+                    [json.dumps(row[c]) if c in _JSON_COLUMNS else row[c] for c in ROW_COLUMNS]
                 )
         # origin_id may point at a row retention already deleted: keep the link only if it exists.
         cur.execute(

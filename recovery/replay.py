@@ -4,6 +4,7 @@ A message becomes ``replayed`` only once the broker acked the publish (publisher
 published ``mandatory``: a ``basic.return`` (nothing bound) leaves it ``pending`` with the reason.
 """
 
+import contextlib
 import datetime
 import logging
 
@@ -83,10 +84,8 @@ class Publisher:
 
     def __exit__(self, *exc):
         if self.connection is not None and self.connection.is_open:
-            try:
+            with contextlib.suppress(pika.exceptions.AMQPError):
                 self.connection.close()
-            except pika.exceptions.AMQPError:
-                pass
 
     def publish(self, exchange, routing_key, properties, body):
         """Returns (outcome, detail) with outcome one of ReplayAttempt.Outcome."""
@@ -113,8 +112,18 @@ def claim(message_id, allowed=(Status.PENDING, Status.POISONED, Status.REPLAYED)
     return Message.objects.get(pk=message_id) if updated else None
 
 
-def record_outcome(message, outcome, detail, exchange, routing_key, user=None, job=None,
-                   via="console", edited=False, previous_status=Status.PENDING):
+def record_outcome(
+    message,
+    outcome,
+    detail,
+    exchange,
+    routing_key,
+    user=None,
+    job=None,
+    via="console",
+    edited=False,
+    previous_status=Status.PENDING,
+):
     now = timezone.now()
     with transaction.atomic():
         if outcome == ReplayAttempt.Outcome.CONFIRMED:
@@ -133,19 +142,35 @@ def record_outcome(message, outcome, detail, exchange, routing_key, user=None, j
                 updated_at=now,
             )
         attempt = ReplayAttempt.objects.create(
-            message=message, job=job, user=user, exchange=exchange, routing_key=routing_key,
-            outcome=outcome, detail=detail, edited=edited,
+            message=message,
+            job=job,
+            user=user,
+            exchange=exchange,
+            routing_key=routing_key,
+            outcome=outcome,
+            detail=detail,
+            edited=edited,
         )
         Activity.objects.create(
-            user=user, action="replay", message=message, job=job, via=via,
-            detail={"exchange": exchange, "routing_key": routing_key, "outcome": outcome,
-                    "detail": detail, "edited": edited},
+            user=user,
+            action="replay",
+            message=message,
+            job=job,
+            via=via,
+            detail={
+                "exchange": exchange,
+                "routing_key": routing_key,
+                "outcome": outcome,
+                "detail": detail,
+                "edited": edited,
+            },
         )
     return attempt
 
 
-def replay_message(message, user=None, exchange=None, routing_key=None, via="console",
-                   headers=None, body=None):
+def replay_message(
+    message, user=None, exchange=None, routing_key=None, via="console", headers=None, body=None
+):
     """Replay one message now (the one-click path). Returns the ReplayAttempt.
 
     Raises ReplayError if the message is not in a replayable state or the broker is unreachable
@@ -169,6 +194,13 @@ def replay_message(message, user=None, exchange=None, routing_key=None, via="con
         )
         raise ReplayError(f"broker unavailable: {exc!r}") from exc
     return record_outcome(
-        claimed, outcome, detail, exchange, routing_key, user=user, via=via,
-        edited=headers is not None or body is not None, previous_status=previous_status,
+        claimed,
+        outcome,
+        detail,
+        exchange,
+        routing_key,
+        user=user,
+        via=via,
+        edited=headers is not None or body is not None,
+        previous_status=previous_status,
     )

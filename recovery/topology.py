@@ -57,7 +57,7 @@ def declare_recovery_topology(channel, names=None):
 
 
 def wire(vhost, queues_regex=None, exchanges_regex=None, management=None, names=None):
-    """Declare the recovery topology in a vhost and apply the DLX / AE policies. Returns a report."""
+    """Declare the recovery topology in a vhost, apply the DLX and AE policies; return a report."""
     names = names or Names.from_settings()
     conn = connect(vhost)
     try:

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Run Lazarus in the foreground: console, a Celery worker with the collector, demo traffic.
+# Ctrl-C stops every child.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export DEBUG=${DEBUG:-true}
+PORT=${PORT:-8000}
+M=".venv/bin/python manage.py"
+
+$M migrate --noinput -v 0
+$M wire
+$M ensure_admin
+$M collectstatic --noinput -v 0
+
+pids=()
+stop() { trap - INT TERM EXIT; kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
+trap stop INT TERM EXIT
+
+.venv/bin/celery -A console worker --collector -l info --concurrency 2 -Q "${CELERY_TASK_DEFAULT_QUEUE:-lazarus.tasks}" &
+pids+=($!)
+.venv/bin/celery -A console beat -l info -s var/celerybeat-schedule &
+pids+=($!)
+$M simulate --count 5 --every 30 &
+pids+=($!)
+$M runserver "127.0.0.1:$PORT" --noreload &
+pids+=($!)
+echo "Lazarus console: http://127.0.0.1:$PORT/  (Ctrl-C stops everything)"
+wait -n "${pids[@]}"

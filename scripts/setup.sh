@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Make this machine ready for Lazarus: system packages, services, virtualenv, database, topology.
+# Idempotent: every step checks before it acts, so `make run` / `make test` can run it every time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+DB_NAME=${DB_NAME:-lazarus}
+say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+
+need_pkgs=()
+command -v rabbitmq-server >/dev/null 2>&1 || [ -x /usr/sbin/rabbitmq-server ] || need_pkgs+=(rabbitmq-server)
+command -v pg_ctlcluster >/dev/null 2>&1 || need_pkgs+=(postgresql)
+[ -x /usr/bin/chromium ] || need_pkgs+=(chromium)
+command -v java >/dev/null 2>&1 || need_pkgs+=(openjdk-17-jre-headless)
+command -v curl >/dev/null 2>&1 || need_pkgs+=(curl)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  say "installing ${need_pkgs[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+fi
+
+if ! pg_isready -q -h 127.0.0.1 -p 5432; then
+  say "starting PostgreSQL"
+  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | sort -V | tail -1)" main start
+  for _ in $(seq 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 1; done
+fi
+
+if ! rabbitmq-diagnostics -q ping >/dev/null 2>&1; then
+  say "starting RabbitMQ"
+  rabbitmq-server -detached
+  for _ in $(seq 60); do rabbitmq-diagnostics -q ping >/dev/null 2>&1 && break; sleep 1; done
+fi
+if ! curl -sf -u guest:guest http://127.0.0.1:15672/api/overview >/dev/null; then
+  say "enabling the RabbitMQ management plugin"
+  rabbitmq-plugins enable rabbitmq_management >/dev/null
+  for _ in $(seq 60); do curl -sf -u guest:guest http://127.0.0.1:15672/api/overview >/dev/null && break; sleep 1; done
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  say "creating .venv"
+  $PY -m venv .venv
+fi
+stamp=.venv/.requirements.sha256
+if ! sha256sum -c --status "$stamp" 2>/dev/null; then
+  say "installing requirements.txt"
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -r requirements.txt
+  sha256sum requirements.txt > "$stamp"
+fi
+
+if ! psql -h 127.0.0.1 -U postgres -tAc "SELECT 1 FROM pg_database WHERE datname='$DB_NAME'" | grep -q 1; then
+  say "creating database $DB_NAME"
+  psql -h 127.0.0.1 -U postgres -qc "CREATE DATABASE \"$DB_NAME\""
+fi

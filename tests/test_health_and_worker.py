@@ -1,0 +1,86 @@
+"""/healthz, and the collector running inside a real Celery worker process (the bootstep)."""
+
+import os
+import signal
+import subprocess
+import sys
+import urllib.parse
+
+import pika
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from recovery.models import CollectorHeartbeat, Message
+from tests.conftest import wait_for
+
+
+@pytest.mark.django_db(transaction=True)
+def test_healthz_reports_database_broker_and_collector(client, collector, wired):
+    wait_for(lambda: CollectorHeartbeat.objects.exists(), message="a collector heartbeat")
+    report = client.get("/healthz").json()
+    assert report["database"]["ok"] and report["broker"]["ok"]
+    assert report["collector"]["running"]
+    assert report["collector"]["lag"][wired]["recovery.dead_letters"] == 0
+
+
+def test_healthz_says_503_when_the_broker_is_unreachable(client, db, settings):
+    settings.RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:1/%2F"
+    response = client.get("/healthz")
+    assert response.status_code == 503
+    assert response.json()["broker"]["ok"] is False
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_celery_worker_runs_the_collector(wired, clean_queues, tmp_path):
+    db = connection.settings_dict
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"postgresql://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "RABBITMQ_URL": settings.RABBITMQ_URL,
+        "CELERY_BROKER_URL": settings.RABBITMQ_URL,
+        "COLLECTOR_FLUSH_SECONDS": "0.05",
+    }
+    log_file = (tmp_path / "worker.log").open("wb")
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "console",
+            "worker",
+            "--collector",
+            "--pool",
+            "solo",
+            "-l",
+            "warning",
+            "-Q",
+            f"lazarus.tasks.{os.getpid()}",
+        ],
+        env=env,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        channel = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL)).channel()
+        channel.queue_declare(
+            "app.worker", arguments={"x-dead-letter-exchange": "recovery.dlx", "x-message-ttl": 0}
+        )
+        channel.basic_publish(
+            "", "app.worker", b"via celery", pika.BasicProperties(message_id="celery-1")
+        )
+        wait_for(
+            lambda: Message.objects.filter(message_id="celery-1").exists(),
+            timeout=60,
+            message="the worker's collector to store the message",
+        )
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+        log_file.close()
+    assert worker.returncode is not None
+    assert urllib.parse.urlparse(env["DATABASE_URL"]).path.startswith("/test_")
