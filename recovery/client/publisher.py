@@ -264,10 +264,12 @@ class ReliablePublisher:
 
     def _shutdown(self):
         self._stopping = True
-        if self._connection is not None and (
-            self._connection.is_open or self._connection.is_opening
-        ):
-            self._connection.close()
+        try:
+            self._write_bookkeeping()
+        except Exception:
+            log.exception("%s: final outbox/store write failed", self.producer)
+        if self._connection is not None and self._connection.is_open:
+            self._connection.close()  # the close callback stops the loop
         else:
             self._ioloop.stop()
 
@@ -410,11 +412,7 @@ class ReliablePublisher:
     def _tick(self):
         try:
             self._check_timeouts()
-            self._write_outbox()
-            if self._store is not None:
-                for status, ids in self._store_marks.items():
-                    self._store.mark(ids, status)
-                    ids.clear()
+            self._write_bookkeeping()
             self._log.flush_if_due()
             if self._ready and (self._cache.to_send or self._incoming):
                 self._drain()
@@ -454,6 +452,13 @@ class ReliablePublisher:
             else:
                 keep.append(entry)
         self._cache.to_send = keep
+
+    def _write_bookkeeping(self):
+        self._write_outbox()
+        if self._store is not None:
+            for status, ids in self._store_marks.items():
+                self._store.mark(ids, status)
+                ids.clear()
 
     def _write_outbox(self):
         if not self._outbox_rows:
