@@ -1,0 +1,253 @@
+"""The nightly audit's one entry point: ``spark-submit spark/audit.py --date YYYY-MM-DD ...``.
+
+Also importable: ``run_audit(spark, ...)`` returns the output DataFrames; ``write_outputs`` stores
+them as ``OUT/<name>/`` Parquet plus ``OUT/totals.json`` and ``OUT/manifest.json``.
+No Django here: the console exports the store slice, calls this, and loads the results.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+from datetime import UTC, date, datetime, timedelta
+
+if __package__ in (None, ""):  # run as a script by spark-submit: make `spark.*` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from spark import metrics, transforms
+from spark.schema import (
+    CONSUMER_LOG_SCHEMA,
+    CONSUMER_REQUIRED,
+    HOUR_MS,
+    PRODUCER_LOG_SCHEMA,
+    PRODUCER_REQUIRED,
+    STORE_EXPORT_SCHEMA,
+    bindings_frame,
+    epoch_ms,
+    hour_partitions,
+    list_log_files,
+    load_bindings,
+    read_logs,
+)
+
+OUTPUTS = ("windows", "totals", "lost", "duplicates", "orphans", "input_gaps", "manifest")
+
+
+def read_store(spark: SparkSession, store_path: str | None) -> DataFrame:
+    """The store export (``STORE_EXPORT_SCHEMA``); no path means an empty store."""
+    if not store_path:
+        return spark.createDataFrame([], STORE_EXPORT_SCHEMA)
+    return spark.read.schema(STORE_EXPORT_SCHEMA).parquet(store_path)
+
+
+def _as_datetime(moment: datetime | str | None) -> datetime:
+    if moment is None:
+        return datetime.now(UTC)
+    if isinstance(moment, str):
+        moment = datetime.fromisoformat(moment.replace("Z", "+00:00"))
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def run_audit(
+    spark: SparkSession,
+    date: date | str,
+    producer_logs: str,
+    consumer_logs: str,
+    store_path: str | None,
+    bindings: list[dict],
+    grace: timedelta | int = 60,
+    sla_ms: int = 5000,
+    now: datetime | str | None = None,
+) -> dict[str, DataFrame]:
+    """Reconcile one UTC day. ``grace`` is a timedelta or minutes; ``now`` defaults to the clock.
+
+    Reads producer logs from (day - max(1h, grace)) to (day end + grace) and consumer logs from the
+    day start to (day end + grace). Returns the DataFrames named in ``OUTPUTS``. Shared
+    intermediates are persisted; call ``spark.catalog.clearCache()`` once the outputs are written.
+    """
+    day = date if not isinstance(date, str) else datetime.strptime(date, "%Y-%m-%d").date()
+    grace = grace if isinstance(grace, timedelta) else timedelta(minutes=grace)
+    grace_ms = int(grace.total_seconds() * 1000)
+    now_ms = epoch_ms(_as_datetime(now))
+    day_start = datetime(day.year, day.month, day.day, tzinfo=UTC)
+    day_start_ms = epoch_ms(day_start)
+    grace_hours = math.ceil(grace_ms / HOUR_MS)
+    lookback_hours = max(1, grace_hours)
+
+    producer_files = list_log_files(
+        spark,
+        producer_logs,
+        hour_partitions(
+            day_start - timedelta(hours=lookback_hours), 24 + lookback_hours + grace_hours
+        ),
+    )
+    consumer_files = list_log_files(
+        spark, consumer_logs, hour_partitions(day_start - timedelta(hours=1), 25 + grace_hours)
+    )
+    producer_raw = read_logs(
+        spark, producer_files, producer_logs, PRODUCER_LOG_SCHEMA, PRODUCER_REQUIRED
+    )
+    consumer_raw = read_logs(
+        spark, consumer_files, consumer_logs, CONSUMER_LOG_SCHEMA, CONSUMER_REQUIRED
+    )
+    outputs = audit_frames(
+        producer_raw,
+        consumer_raw,
+        read_store(spark, store_path),
+        bindings_frame(spark, bindings),
+        day_start_ms,
+        grace_ms,
+        sla_ms,
+        now_ms,
+    )
+    outputs["manifest"] = manifest_frame(spark, producer_files, consumer_files)
+    return outputs
+
+
+def audit_frames(
+    producer_raw: DataFrame,
+    consumer_raw: DataFrame,
+    store: DataFrame,
+    binding_rows: DataFrame,
+    day_start_ms: int,
+    grace_ms: int,
+    sla_ms: int,
+    now_ms: int,
+) -> dict[str, DataFrame]:
+    """The audit over parsed inputs (``read_logs`` frames, store export, ``bindings_frame``)."""
+    grace_hours = math.ceil(grace_ms / HOUR_MS)
+    keep = StorageLevel.MEMORY_AND_DISK
+    consumer_lines = (
+        transforms.valid_lines(consumer_raw)
+        .select("message_id", "consumer_group", "consumer", "queue", "ts", "redelivered", "outcome")
+        .repartition("message_id")
+        .persist(keep)
+    )
+    messages = transforms.message_facts(transforms.valid_lines(producer_raw)).persist(keep)
+    coverage = transforms.store_coverage(
+        store, transforms.queue_groups(consumer_lines, binding_rows)
+    )
+    audited = transforms.audited_messages(
+        messages, transforms.expected_groups(messages, binding_rows), coverage, day_start_ms
+    )
+    day_end_hour_ms = day_start_ms + 24 * HOUR_MS
+    producer_hours = transforms.process_hours(producer_raw, "producer", "producer")
+    consumer_hours = transforms.process_hours(consumer_raw, "consumer", "consumer")
+    gaps = (
+        transforms.input_gaps(producer_hours, day_start_ms, day_end_hour_ms)
+        .unionByName(
+            transforms.input_gaps(
+                consumer_hours, day_start_ms, day_end_hour_ms + grace_hours * HOUR_MS
+            )
+        )
+        .persist(keep)
+    )
+    pairs = transforms.mark_gaps(
+        transforms.classify_pairs(
+            transforms.message_group_pairs(audited, consumer_lines, grace_ms)
+        ),
+        transforms.gap_windows(gaps, grace_ms),
+    ).persist(keep)
+    orphans = transforms.orphan_lines(consumer_lines, messages, store, day_start_ms).persist(keep)
+    malformed = (
+        producer_raw.unionByName(consumer_raw, allowMissingColumns=True)
+        .where(
+            F.col("malformed")
+            & (F.col("file_hour_ms") >= day_start_ms)
+            & (F.col("file_hour_ms") < day_end_hour_ms)
+        )
+        .select(F.col("file_hour_ms").alias("window_ms"))
+        .persist(keep)
+    )
+    return {
+        "windows": metrics.window_metrics(
+            pairs, orphans, malformed, gaps, day_start_ms, grace_ms, sla_ms, now_ms
+        ),
+        "totals": metrics.totals(pairs, orphans, malformed, gaps, grace_ms, sla_ms, now_ms),
+        "lost": metrics.lost_evidence(pairs, grace_ms, now_ms),
+        "duplicates": metrics.duplicate_evidence(pairs),
+        "orphans": metrics.orphan_evidence(orphans),
+        "input_gaps": metrics.gap_evidence(gaps),
+    }
+
+
+def manifest_frame(spark: SparkSession, producer_files, consumer_files) -> DataFrame:
+    """The input manifest: every file read, with its size (rows are in ``totals``)."""
+    rows = [("producer", f.path, f.size) for f in producer_files]
+    rows += [("consumer", f.path, f.size) for f in consumer_files]
+    return spark.createDataFrame(rows, "source string, path string, bytes long")
+
+
+def totals_dict(totals: DataFrame) -> dict:
+    return totals.first().asDict()
+
+
+def write_outputs(outputs: dict[str, DataFrame], out_dir: str) -> dict:
+    """Write every output as Parquet under ``out_dir``; returns the totals as a dict."""
+    for name in OUTPUTS:
+        if name not in ("totals", "manifest"):
+            outputs[name].write.mode("overwrite").parquet(os.path.join(out_dir, name))
+    totals = totals_dict(outputs["totals"])
+    manifest = [row.asDict() for row in outputs["manifest"].collect()]
+    local = out_dir.removeprefix("file://")
+    if "://" not in local:  # JSON summaries beside the Parquet when the output is local
+        os.makedirs(local, exist_ok=True)
+        with open(os.path.join(local, "totals.json"), "w", encoding="utf-8") as fh:
+            json.dump(totals, fh, indent=2, sort_keys=True)
+        with open(os.path.join(local, "manifest.json"), "w", encoding="utf-8") as fh:
+            json.dump(manifest, fh, indent=2)
+    return totals
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--date", required=True, help="UTC day to audit, YYYY-MM-DD")
+    parser.add_argument("--producer-logs", required=True)
+    parser.add_argument("--consumer-logs", required=True)
+    parser.add_argument("--store", help="Parquet export of the recovery store slice")
+    parser.add_argument("--bindings", required=True, help="JSON list of bindings")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--grace-minutes", type=int, default=60)
+    parser.add_argument("--sla-ms", type=int, default=5000)
+    parser.add_argument("--now", help="ISO timestamp deciding FINAL vs PROVISIONAL (default: now)")
+    parser.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    builder = SparkSession.builder.appName(f"lazarus-audit-{args.date}").config(
+        "spark.sql.session.timeZone", "UTC"
+    )
+    if args.master:
+        builder = builder.master(args.master)
+    owns_session = SparkSession.getActiveSession() is None
+    spark = builder.getOrCreate()
+    try:
+        outputs = run_audit(
+            spark,
+            args.date,
+            args.producer_logs,
+            args.consumer_logs,
+            args.store,
+            load_bindings(args.bindings),
+            grace=args.grace_minutes,
+            sla_ms=args.sla_ms,
+            now=args.now,
+        )
+        totals = write_outputs(outputs, args.out)
+        print(json.dumps(totals, sort_keys=True))
+    finally:
+        spark.catalog.clearCache()
+        if owns_session:
+            spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
