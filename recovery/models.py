@@ -122,6 +122,10 @@ class Message(models.Model):
             models.Index(fields=["message_id"], name="msg_message_id"),
             models.Index(fields=["correlation_id"], name="msg_correlation_id"),
             GinIndex(fields=["headers"], name="msg_headers_gin", opclasses=["jsonb_path_ops"]),
+            # Failure-group pages: first/last seen and the newest messages of one group.
+            models.Index(fields=["group_key", "-collected_at", "-id"], name="msg_group_newest"),
+            # The trigram search index over ids, headers and body text is an expression index
+            # created in migration 0004 (recovery.filters.SEARCH_DOCUMENT_SQL).
         ]
 
     def __str__(self):
@@ -422,3 +426,97 @@ class ApiRateWindow(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["scope", "window_start"], name="rate_window_unique")
         ]
+
+
+class MessageCount(models.Model):
+    """Message counts per hour x vhost x kind x source x reason x status x failure group.
+
+    Written only by statement-level triggers on ``recovery_message`` (migration 0004): every
+    INSERT/UPDATE/DELETE appends its net change as delta rows, so writers never contend for a
+    counter row. Readers sum the rows; ``compact()`` folds the deltas together now and then.
+    The overview and failure-group pages read this instead of aggregating a million messages.
+    """
+
+    hour = models.DateTimeField()
+    vhost = models.CharField(max_length=255)
+    kind = models.CharField(max_length=16)
+    source_queue = models.CharField(max_length=255)
+    source_exchange = models.CharField(max_length=255)
+    reason = models.CharField(max_length=16)
+    status = models.CharField(max_length=16)
+    group_key = models.CharField(max_length=64)
+    n = models.BigIntegerField()
+
+    KEY = (
+        "hour",
+        "vhost",
+        "kind",
+        "source_queue",
+        "source_exchange",
+        "reason",
+        "status",
+        "group_key",
+    )
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["hour"], name="msgcount_hour"),
+            models.Index(fields=["group_key"], name="msgcount_group"),
+        ]
+
+    @classmethod
+    def compact(cls):
+        """Fold delta rows with the same key into one row; returns the rows removed.
+
+        Only keys with more than one row (or a zero sum) are rewritten. Rows another transaction
+        commits meanwhile are not in this statement's snapshot and stay as they are, so the sums
+        stay right. One compactor at a time (advisory lock); others return at once.
+        """
+        from django.db import connection, transaction
+
+        key = ", ".join(cls.KEY)
+        table = cls._meta.db_table
+        with transaction.atomic(), connection.cursor() as cur:
+            cur.execute("SELECT pg_try_advisory_xact_lock(hashtext('recovery_messagecount'))")
+            if not cur.fetchone()[0]:
+                return 0
+            cur.execute(
+                f"""
+                WITH busy AS (
+                    SELECT {key} FROM {table} GROUP BY {key} HAVING count(*) > 1 OR sum(n) = 0
+                ), gone AS (
+                    DELETE FROM {table} c USING busy b
+                    WHERE {" AND ".join(f"c.{k} = b.{k}" for k in cls.KEY)}
+                    RETURNING {", ".join(f"c.{k}" for k in cls.KEY)}, c.n
+                ), folded AS (
+                    INSERT INTO {table} ({key}, n)
+                    SELECT {key}, sum(n) FROM gone GROUP BY {key} HAVING sum(n) <> 0
+                    RETURNING 1
+                )
+                SELECT (SELECT count(*) FROM gone) - (SELECT count(*) FROM folded)
+                """
+            )
+            return cur.fetchone()[0]
+
+    @classmethod
+    def rebuild(cls):
+        """Recount from the messages themselves (after a restore, or to check the triggers)."""
+        from django.db import connection, transaction
+
+        table = cls._meta.db_table
+        with transaction.atomic(), connection.cursor() as cur:
+            cur.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
+            cur.execute(f"DELETE FROM {table}")
+            cur.execute(REBUILD_COUNTS_SQL)
+
+
+# The hour bucket is UTC whatever the session time zone of the writer (the collector's psycopg
+# connection does not set one).
+COUNT_KEY_SQL = (
+    "date_trunc('hour', collected_at, 'UTC'), vhost, kind, source_queue, source_exchange, "
+    "reason, status, group_key"
+)
+REBUILD_COUNTS_SQL = f"""
+    INSERT INTO recovery_messagecount ({", ".join(MessageCount.KEY)}, n)
+    SELECT {COUNT_KEY_SQL}, count(*) FROM recovery_message GROUP BY 1, 2, 3, 4, 5, 6, 7, 8
+"""
