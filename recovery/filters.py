@@ -1,7 +1,8 @@
 """The one message filter, shared by the console list, the API and bulk replay jobs."""
 
 from django import forms
-from django.db.models import Q
+from django.db.models import BooleanField, Q
+from django.db.models.expressions import RawSQL
 
 from recovery.models import Kind, Message, Reason, Status
 
@@ -57,6 +58,51 @@ def apply_filters(queryset, data):
     return queryset
 
 
+# What a free-text search looks in: ids, the headers as JSON text and the body bytes as text, each
+# cut at 8 KiB. It is the expression of the trigram index msg_search_trgm (migration 0004); the two
+# must stay identical or a search scans the whole store.
+SEARCH_DOCUMENT_SQL = (
+    "(message_id || ' ' || correlation_id || ' ' || left(headers::text, 8192) || ' ' || "
+    "encode(substring(body from 1 for 8192), 'escape'))"
+)
+# A trigram index cannot serve a shorter substring; shorter terms match ids exactly only.
+MIN_SUBSTRING_LENGTH = 3
+
+
+def bytea_escape(text):
+    """``text`` as PostgreSQL's ``encode(convert_to(text, 'UTF8'), 'escape')`` renders it.
+
+    Bodies are searched as escape-encoded bytes, where a non-ASCII character is a run of octal
+    escapes; searching for the same run finds it.
+    """
+    out = []
+    for byte in text.encode("utf-8"):
+        if byte == 0x5C:
+            out.append("\\\\")
+        elif byte == 0 or byte >= 0x80:
+            out.append(f"\\{byte:03o}")
+        else:
+            out.append(chr(byte))
+    return "".join(out)
+
+
+def like_contains(text):
+    """An ILIKE pattern matching ``text`` anywhere, with LIKE's wildcards taken literally."""
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
 def search_q(text):
-    """Exact ids first (indexed); header values as a JSON containment match (GIN-indexed)."""
-    return Q(message_id=text) | Q(correlation_id=text) | Q(group_key=text)
+    """Exact ids and group key (b-tree indexed), and a substring of ids, header values or body.
+
+    The substring part is case-insensitive and uses the trigram index; it needs at least
+    MIN_SUBSTRING_LENGTH characters.
+    """
+    q = Q(message_id=text) | Q(correlation_id=text) | Q(group_key=text)
+    if len(text) >= MIN_SUBSTRING_LENGTH:
+        # Headers hold non-ASCII text as such, bodies as octal escapes: try both spellings.
+        for pattern in sorted({like_contains(text), like_contains(bytea_escape(text))}):
+            q |= Q(
+                RawSQL(f"{SEARCH_DOCUMENT_SQL} ILIKE %s", [pattern], output_field=BooleanField())
+            )
+    return q
