@@ -92,19 +92,19 @@ class IdempotentConsumer:
         self._attempts = collections.OrderedDict()  # message_id -> failed attempts
         self._stop = threading.Event()
         self._connection = None
+        self._backoff = RECONNECT_MIN_S
 
     def run(self):
         """Consume until ``stop()``; reconnects by itself when the connection is lost."""
-        backoff = RECONNECT_MIN_S
+        self._backoff = RECONNECT_MIN_S
         try:
             while not self._stop.is_set():
                 try:
                     self._consume()
-                    backoff = RECONNECT_MIN_S
                 except (pika.exceptions.AMQPError, OSError) as exc:
                     log.info("%s: connection lost, reconnecting: %r", self.name, exc)
-                    self._stop.wait(backoff)
-                    backoff = min(backoff * 2, RECONNECT_MAX_S)
+                    self._stop.wait(self._backoff)
+                    self._backoff = min(self._backoff * 2, RECONNECT_MAX_S)
         finally:
             self._log.close()
             self._dedup.close()
@@ -125,6 +125,7 @@ class IdempotentConsumer:
             channel = connection.channel()
             channel.basic_qos(prefetch_count=self.prefetch)
             channel.basic_consume(self.queue, self._on_message)
+            self._backoff = RECONNECT_MIN_S  # connected: the next loss retries at once
             while not self._stop.is_set():
                 connection.process_data_events(time_limit=POLL_S)
                 self._log.flush_if_due()
