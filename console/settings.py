@@ -194,9 +194,15 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["recovery.api.permissions.RolePermission"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "recovery.api.schema.LazarusAutoSchema",
     "DEFAULT_PAGINATION_CLASS": "recovery.api.pagination.NewestFirstCursorPagination",
     "PAGE_SIZE": 50,
+    # JSON in, JSON out: one media type the schema describes exactly (no browsable/form variants).
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_THROTTLE_CLASSES": ["recovery.api.throttling.TokenRateThrottle"],
+    # Every error is application/problem+json (recovery/api/errors.py).
+    "EXCEPTION_HANDLER": "recovery.api.errors.exception_handler",
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Lazarus API",
@@ -207,7 +213,31 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # Several models have a "status"; name each choice set once.
+    "ENUM_NAME_OVERRIDES": {
+        "MessageStatusEnum": "recovery.models.Status",
+        "AuditRunStatusEnum": "recovery.api.audits.AuditRunState",
+        "FinalityEnum": "recovery.api.audits.FINALITY",
+    },
 }
+
+RATE_PERIODS = ("s", "sec", "second", "m", "min", "minute", "h", "hour", "d", "day")
+
+
+def env_rate(name, default):
+    """A rate like ``600/min`` (periods s, min, hour, day)."""
+    value = env_str(name, default)
+    count, _, period = value.partition("/")
+    if not count.strip().isdigit() or int(count) < 1 or period.strip() not in RATE_PERIODS:
+        raise ImproperlyConfigured(f"{name}={value!r} is not a rate like 600/min")
+    return value
+
+
+# Requests per API token (per user for browser sessions), counted in PostgreSQL so every web
+# process shares the limit; over it the API answers 429 with Retry-After.
+API_RATE_LIMIT = env_rate("API_RATE_LIMIT", "600/min")
+# How long an Idempotency-Key and the response stored for it are kept.
+IDEMPOTENCY_TTL_HOURS = env_int("IDEMPOTENCY_TTL_HOURS", 24, minimum=1)
 
 # --- Recovery topology (DESIGN.md "Broker topology"); every name is configurable. ---
 RECOVERY_DLX = env_str("RECOVERY_DLX", "recovery.dlx")

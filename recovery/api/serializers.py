@@ -1,8 +1,11 @@
 import base64
+import binascii
 
+import pika.data
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from recovery import headers as header_codec
 from recovery.models import Message, ReplayAttempt
 
 
@@ -69,7 +72,12 @@ class MessageDetailSerializer(MessageSerializer):
             return None
 
 
-class ReplayRequestSerializer(serializers.Serializer):
+class TargetSerializer(serializers.Serializer):
+    """Where to publish: a queue (through the default exchange) or an exchange + routing key.
+
+    Omit all three for the default target (DESIGN.md "Replay semantics").
+    """
+
     exchange = serializers.CharField(required=False, allow_blank=True, max_length=255)
     routing_key = serializers.CharField(required=False, allow_blank=True, max_length=255)
     queue = serializers.CharField(
@@ -87,10 +95,56 @@ class ReplayRequestSerializer(serializers.Serializer):
         return attrs
 
     def target(self):
+        """(exchange, routing_key), both None for the default target."""
         data = self.validated_data
         if "queue" in data:
             return "", data["queue"]
         return data.get("exchange"), data.get("routing_key")
+
+
+class ReplayRequestSerializer(TargetSerializer):
+    headers = serializers.DictField(
+        required=False,
+        help_text="Edit: replace the headers with these (tagged JSON, as in the message detail). "
+        "Lazarus still strips x-death and adds its x-recovery-* headers.",
+    )
+    body_base64 = serializers.CharField(required=False, help_text="Edit: the new body, base64.")
+    body_text = serializers.CharField(
+        required=False, allow_blank=True, trim_whitespace=False, help_text="Edit: new body, UTF-8."
+    )
+
+    def validate_headers(self, value):
+        # Decode and AMQP-encode now: a header pika cannot encode must be a 400 here, not a
+        # failure halfway through a publish.
+        try:
+            pika.data.encode_table([], header_codec.headers_from_json(value))
+        except Exception as exc:  # noqa: BLE001 - any decode/encode failure is bad input
+            raise serializers.ValidationError(
+                f"Not AMQP-encodable tagged-JSON headers: {type(exc).__name__}: {exc}"
+            ) from None
+        return value
+
+    def validate_body_base64(self, value):
+        try:
+            return base64.b64decode(value, validate=True)
+        except binascii.Error:
+            raise serializers.ValidationError("Not valid base64.") from None
+
+    def validate(self, attrs):
+        attrs = super().validate(attrs)
+        if "body_base64" in attrs and "body_text" in attrs:
+            raise serializers.ValidationError(
+                {"body_text": "Give either body_base64 or body_text, not both."}
+            )
+        return attrs
+
+    def edits(self):
+        """(headers_json or None, body bytes or None)."""
+        data = self.validated_data
+        body = data.get("body_base64")
+        if "body_text" in data:
+            body = data["body_text"].encode("utf-8")
+        return data.get("headers"), body
 
 
 class ReplayAttemptSerializer(serializers.ModelSerializer):

@@ -1,9 +1,19 @@
+"""/api/v1/ — one module per resource (recovery/api/<resource>.py)."""
+
 from django.urls import path
 
-from recovery.api import views
+from recovery.api import audits, groups, messages, tokens
 
 urlpatterns = [
-    path("messages", views.MessageList.as_view(), name="api-messages"),
-    path("messages/<int:pk>", views.MessageDetail.as_view(), name="api-message"),
-    path("messages/<int:pk>/replay", views.replay, name="api-message-replay"),
+    path("messages", messages.MessageList.as_view(), name="api-messages"),
+    path("messages/<int:pk>", messages.MessageDetail.as_view(), name="api-message"),
+    path("messages/<int:pk>/replay", messages.replay, name="api-message-replay"),
+    path("groups", groups.GroupList.as_view(), name="api-groups"),
+    path("stats", groups.stats, name="api-stats"),
+    path("audits", audits.AuditRunList.as_view(), name="api-audits"),
+    path("audits/<int:pk>", audits.AuditRunDetail.as_view(), name="api-audit"),
+    path("audits/<int:pk>/evidence", audits.AuditEvidenceList.as_view(), name="api-evidence"),
+    path("tokens", tokens.TokenList.as_view(), name="api-tokens"),
+    path("tokens/<int:pk>/revoke", tokens.revoke_token, name="api-token-revoke"),
+    path("me", tokens.me, name="api-me"),
 ]

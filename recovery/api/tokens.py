@@ -1,0 +1,135 @@
+"""tokens (admin): list and revoke API tokens; me: who a token acts as, with which role.
+
+Tokens are created with ``manage.py create_api_token USER --role R`` (the key is printed once;
+only its SHA-256 is stored). A token acts with its user's *current* role, exactly as that user
+would in the console: changing the role changes every token of the user.
+"""
+
+from django.shortcuts import get_object_or_404
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import generics, serializers
+from rest_framework.decorators import api_view, permission_classes
+from rest_framework.pagination import CursorPagination
+from rest_framework.response import Response
+
+from recovery.api.permissions import RolePermission
+from recovery.models import Activity, ApiToken, Role, has_role, role_of
+
+
+class TokenSerializer(serializers.ModelSerializer):
+    user = serializers.CharField(source="user.get_username")
+    role = serializers.SerializerMethodField()
+    active = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ApiToken
+        fields = [
+            "id",
+            "prefix",
+            "name",
+            "user",
+            "role",
+            "active",
+            "created_at",
+            "last_used_at",
+            "revoked_at",
+        ]
+        read_only_fields = fields
+
+    def get_role(self, token) -> str | None:
+        role = role_of(token.user)
+        return role.value if role else None
+
+    def get_active(self, token) -> bool:
+        return token.revoked_at is None and token.user.is_active
+
+
+class NewestTokenCursorPagination(CursorPagination):
+    ordering = ("-created_at", "-id")
+    page_size_query_param = "page_size"
+    max_page_size = 500
+
+
+class AdminOnly(RolePermission):
+    """Token management is for admins, reads included."""
+
+    def has_permission(self, request, view):
+        return bool(request.user and request.user.is_authenticated) and has_role(
+            request.user, Role.ADMIN
+        )
+
+
+class TokenFilterSerializer(serializers.Serializer):
+    user = serializers.CharField(required=False, max_length=150)
+    active = serializers.BooleanField(required=False, allow_null=True, default=None)
+
+
+@extend_schema(
+    summary="API tokens (admin)",
+    parameters=[
+        OpenApiParameter("user", str, description="username"),
+        OpenApiParameter("active", bool, description="only active (true) or revoked (false)"),
+    ],
+)
+class TokenList(generics.ListAPIView):
+    serializer_class = TokenSerializer
+    pagination_class = NewestTokenCursorPagination
+    permission_classes = [AdminOnly]
+
+    def get_queryset(self):
+        params = TokenFilterSerializer(data=self.request.query_params)
+        params.is_valid(raise_exception=True)
+        tokens = ApiToken.objects.select_related("user")
+        if "user" in params.validated_data:
+            tokens = tokens.filter(user__username=params.validated_data["user"])
+        active = params.validated_data.get("active")
+        if active is True:
+            tokens = tokens.filter(revoked_at__isnull=True, user__is_active=True)
+        elif active is False:
+            tokens = tokens.filter(revoked_at__isnull=False)
+        return tokens
+
+
+@extend_schema(
+    summary="Revoke a token (admin)",
+    request=None,
+    responses=TokenSerializer,
+    description="Effective at once, in every process. Revoking a revoked token changes nothing.",
+)
+@api_view(["POST"])
+@permission_classes([AdminOnly])
+def revoke_token(request, pk):
+    token = get_object_or_404(ApiToken.objects.select_related("user"), pk=pk)
+    if token.revoked_at is None:
+        token.revoke()
+        Activity.objects.create(
+            user=request.user,
+            action="token_revoked",
+            via="api",
+            detail={"token": token.prefix, "owner": token.user.get_username()},
+        )
+    return Response(TokenSerializer(token).data)
+
+
+class MeSerializer(serializers.Serializer):
+    user = serializers.CharField()
+    role = serializers.ChoiceField(choices=Role.choices)
+    token = serializers.CharField(allow_null=True, help_text="Prefix of the token in use.")
+    now = serializers.DateTimeField(help_text="Server time (UTC).")
+
+
+@extend_schema(summary="Who this token acts as", responses=MeSerializer)
+@api_view(["GET"])
+def me(request):
+    token = request.auth if isinstance(request.auth, ApiToken) else None
+    return Response(
+        MeSerializer(
+            {
+                "user": request.user.get_username(),
+                "role": role_of(request.user).value,
+                "token": token.prefix if token else None,
+                "now": timezone.now(),
+            }
+        ).data
+    )
