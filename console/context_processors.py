@@ -1,9 +1,13 @@
-from recovery.models import Role, has_role
+from recovery.models import ROLE_ORDER, Role, role_of
 
 
 def roles(request):
+    """The user's role once per request (one query), and what it allows the templates to show."""
     user = getattr(request, "user", None)
+    role = role_of(user)
+    rank = ROLE_ORDER.index(role) if role is not None else -1
     return {
-        "can_operate": has_role(user, Role.OPERATOR),
-        "is_admin": has_role(user, Role.ADMIN),
+        "role": role.value if role is not None else "",
+        "can_operate": rank >= ROLE_ORDER.index(Role.OPERATOR),
+        "is_admin": rank >= ROLE_ORDER.index(Role.ADMIN),
     }

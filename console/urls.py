@@ -1,20 +1,38 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
-from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from console import views
+from console.views import activity, audits, groups, health, jobs, message, messages, overview, users
 
 urlpatterns = [
-    path("", RedirectView.as_view(pattern_name="messages", permanent=False)),
+    path("", overview.overview, name="overview"),
+    path("overview/live", overview.overview_live, name="overview-live"),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
-    path("messages/", views.message_list, name="messages"),
-    path("messages/<int:pk>/", views.message_detail, name="message"),
-    path("messages/<int:pk>/replay", views.message_replay, name="message-replay"),
-    path("healthz", views.healthz, name="healthz"),
-    path("favicon.ico", views.favicon),
+    path("messages/", messages.message_list, name="messages"),
+    path("messages/bulk", messages.message_bulk, name="messages-bulk"),
+    path("messages/<int:pk>/", message.message_detail, name="message"),
+    path("messages/<int:pk>/replay", message.message_replay, name="message-replay"),
+    path("messages/<int:pk>/discard", message.message_discard, name="message-discard"),
+    path("messages/<int:pk>/restore", message.message_restore, name="message-restore"),
+    path("messages/<int:pk>/edit", message.message_edit, name="message-edit"),
+    path("messages/<int:pk>/body", message.message_body, name="message-body"),
+    path("groups/", groups.group_list, name="groups"),
+    path("jobs/", jobs.job_list, name="jobs"),
+    path("jobs/new", jobs.job_new, name="job-new"),
+    path("jobs/<int:pk>/", jobs.job_detail, name="job"),
+    path("jobs/<int:pk>/cancel", jobs.job_cancel, name="job-cancel"),
+    path("jobs/<int:pk>/resume", jobs.job_resume, name="job-resume"),
+    path("activity/", activity.activity_list, name="activity"),
+    path("users/", users.user_list, name="users"),
+    path("users/<int:pk>/role", users.user_role, name="user-role"),
+    path("users/<int:pk>/active", users.user_active, name="user-active"),
+    path("audits/", audits.audit_list, name="audits"),
+    path("audits/<int:pk>/", audits.audit_detail, name="audit"),
+    path("audits/<int:pk>/evidence", audits.audit_evidence, name="audit-evidence"),
+    path("healthz", health.healthz, name="healthz"),
+    path("favicon.ico", health.favicon),
     path("admin/", admin.site.urls),
     path("api/v1/", include("recovery.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

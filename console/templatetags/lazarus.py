@@ -10,3 +10,9 @@ def item(mapping, key):
         return mapping.get(key, "")
     except AttributeError:
         return ""
+
+
+@register.filter
+def getfield(form, name):
+    """``{{ form|getfield:name }}``: a bound field by a name held in a variable."""
+    return form[name]

@@ -1,0 +1,313 @@
+"""Forms of the operator console. GET filters go through a Form too, never raw request.GET."""
+
+import json
+
+from django import forms
+from django.contrib.auth import get_user_model, password_validation
+from django.core.exceptions import ValidationError
+
+from recovery import headers as header_codec
+from recovery.filters import MessageFilterForm
+from recovery.models import Role
+
+MAX_BULK_IDS = 1000
+
+
+class TargetForm(forms.Form):
+    """Where a replay goes: the default, an exchange + routing key, or a queue.
+
+    Blank means the message's default target (DESIGN.md "Replay semantics").
+    """
+
+    exchange = forms.CharField(required=False, max_length=255)
+    routing_key = forms.CharField(required=False, max_length=255)
+    queue = forms.CharField(
+        required=False,
+        max_length=255,
+        help_text="Publish to this queue through the default exchange.",
+    )
+
+    def clean(self):
+        data = super().clean()
+        if data.get("queue") and (data.get("exchange") or data.get("routing_key")):
+            raise ValidationError("Choose a queue or an exchange and routing key, not both.")
+        if data.get("exchange") and not data.get("routing_key"):
+            # An empty routing key is legal AMQP, but for a topic/direct exchange it is almost
+            # always a slip; fanouts ignore it, so ask for any value there.
+            raise ValidationError("An exchange needs a routing key (fanout exchanges ignore it).")
+        return data
+
+    def target(self):
+        """(exchange, routing_key), or (None, None) for the message's default target."""
+        data = self.cleaned_data
+        if data.get("queue"):
+            return "", data["queue"]
+        if data.get("exchange") or data.get("routing_key"):
+            return data.get("exchange") or "", data.get("routing_key") or ""
+        return None, None
+
+
+class DiscardForm(forms.Form):
+    reason = forms.CharField(
+        required=False, max_length=500, widget=forms.TextInput(attrs={"placeholder": "why"})
+    )
+
+
+class EditReplayForm(TargetForm):
+    """Edit headers (tagged JSON, recovery.headers) and a text body, then replay once."""
+
+    headers = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 12, "spellcheck": "false"}),
+        required=False,
+        help_text='Tagged JSON as stored: {"name": value}; typed values keep their "$t" tag.',
+    )
+    body = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 14, "spellcheck": "false"}),
+        required=False,
+        strip=False,
+    )
+
+    def __init__(self, *args, body_editable=True, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.body_editable = body_editable
+        if not body_editable:
+            self.fields["body"].disabled = True
+            self.fields["body"].help_text = "The body is not UTF-8 text; it is replayed as is."
+
+    def clean_headers(self):
+        raw = self.cleaned_data["headers"].strip()
+        if not raw:
+            return {}
+        try:
+            value = json.loads(raw)
+        except ValueError as exc:
+            raise ValidationError(f"Not valid JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise ValidationError("Headers must be a JSON object.")
+        try:
+            header_codec.headers_from_json(value)
+        except (TypeError, ValueError, KeyError) as exc:
+            raise ValidationError(f"Not a valid header table: {exc}") from None
+        return value
+
+    def body_bytes(self):
+        if not self.body_editable:
+            return None
+        return self.cleaned_data["body"].encode("utf-8")
+
+
+class BulkActionForm(forms.Form):
+    ACTIONS = [("replay", "Replay"), ("discard", "Discard"), ("job", "New job")]
+
+    action = forms.ChoiceField(choices=ACTIONS)
+    ids = forms.CharField()
+    reason = forms.CharField(required=False, max_length=500)
+
+    def __init__(self, data=None, **kwargs):
+        # Checkboxes send ids=1&ids=2; keep them as one comma-separated value for the field.
+        if data is not None and hasattr(data, "getlist"):
+            data = data.copy()
+            data["ids"] = ",".join(data.getlist("ids"))
+        super().__init__(data, **kwargs)
+
+    def clean_ids(self):
+        parts = [p.strip() for p in self.cleaned_data["ids"].split(",") if p.strip()]
+        if not parts:
+            raise ValidationError("Select at least one message.")
+        if not all(p.isdigit() for p in parts):
+            raise ValidationError("Message ids are numbers.")
+        ids = list(dict.fromkeys(int(p) for p in parts))
+        if len(ids) > MAX_BULK_IDS:
+            raise ValidationError(f"At most {MAX_BULK_IDS} messages at once; use a job by filter.")
+        return ids
+
+
+class JobForm(MessageFilterForm):
+    """A replay job: which messages (filter, ids or failure group), where, and how fast."""
+
+    ids = forms.CharField(required=False, widget=forms.HiddenInput)
+    target_exchange = forms.CharField(required=False, max_length=255, label="Exchange")
+    target_routing_key = forms.CharField(required=False, max_length=255, label="Routing key")
+    target_queue = forms.CharField(required=False, max_length=255, label="Queue")
+    delay_seconds = forms.IntegerField(
+        required=False, min_value=1, max_value=7 * 24 * 3600, label="Delay (s)"
+    )
+    rate = forms.FloatField(required=False, min_value=0.1, label="Rate (msgs/s)")
+    include_poisoned = forms.BooleanField(required=False, label="Include poisoned")
+    canary_size = forms.IntegerField(required=False, min_value=0, label="Canary size")
+    canary_pause_seconds = forms.IntegerField(
+        required=False, min_value=0, max_value=3600, label="Canary pause (s)"
+    )
+    canary_max_failure_pct = forms.FloatField(
+        required=False, min_value=0, max_value=100, label="Canary max failure %"
+    )
+    breaker_threshold_pct = forms.FloatField(
+        required=False, min_value=0, max_value=100, label="Breaker at failure %"
+    )
+
+    FILTER_FIELDS = list(MessageFilterForm.base_fields)
+    TARGET_FIELDS = ["target_exchange", "target_routing_key", "target_queue", "delay_seconds"]
+    PACE_FIELDS = [
+        "rate",
+        "include_poisoned",
+        "canary_size",
+        "canary_pause_seconds",
+        "canary_max_failure_pct",
+        "breaker_threshold_pct",
+    ]
+
+    def clean_ids(self):
+        parts = [p.strip() for p in self.cleaned_data["ids"].split(",") if p.strip()]
+        if not all(p.isdigit() for p in parts):
+            raise ValidationError("Message ids are numbers.")
+        return list(dict.fromkeys(int(p) for p in parts))
+
+    def clean(self):
+        data = super().clean()
+        if data.get("target_queue") and (
+            data.get("target_exchange") or data.get("target_routing_key")
+        ):
+            raise ValidationError("Choose a queue or an exchange and routing key, not both.")
+        if not data.get("ids") and not self.filter_dict():
+            raise ValidationError(
+                "A job needs a filter, a failure group or selected messages; "
+                "replaying the whole store by accident is not an option."
+            )
+        return data
+
+    def selection(self):
+        """The keyword arguments naming which messages (for create_job and dry_run)."""
+        data = self.cleaned_data
+        if data.get("ids"):
+            return {"message_ids": data["ids"]}
+        filters = self.filter_dict()
+        group = filters.pop("group", None)
+        if group and not filters:
+            return {"group_key": group}
+        if group:
+            filters["group"] = group
+        return {"filters": filters}
+
+    def options(self):
+        data = self.cleaned_data
+        options = {}
+        for name in self.TARGET_FIELDS + self.PACE_FIELDS:
+            value = data.get(name)
+            if value not in (None, ""):
+                options[name] = value
+        options["include_poisoned"] = bool(data.get("include_poisoned"))
+        return options
+
+    def filter_dict(self):
+        data = {
+            k: v
+            for k, v in self.cleaned_data.items()
+            if k in self.FILTER_FIELDS and v not in (None, "")
+        }
+        for key in ("since", "until"):
+            if key in data:
+                data[key] = data[key].isoformat()
+        return data
+
+
+class ActivityFilterForm(forms.Form):
+    ACTIONS = [
+        ("", "any"),
+        ("replay", "replay"),
+        ("edit_replay", "edit and replay"),
+        ("discard", "discard"),
+        ("restore", "restore"),
+        ("job_created", "job created"),
+        ("job_cancelled", "job cancelled"),
+        ("job_resumed", "job resumed"),
+        ("user_created", "user created"),
+        ("role_changed", "role changed"),
+        ("user_deactivated", "user deactivated"),
+        ("user_activated", "user activated"),
+    ]
+    VIA = [("", "any"), ("console", "console"), ("api", "api"), ("system", "system")]
+
+    user = forms.CharField(required=False, max_length=150)
+    action = forms.CharField(
+        required=False, max_length=32, widget=forms.TextInput(attrs={"list": "activity-actions"})
+    )
+    via = forms.ChoiceField(choices=VIA, required=False)
+    message = forms.IntegerField(required=False, min_value=1, label="Message #")
+    job = forms.IntegerField(required=False, min_value=1, label="Job #")
+    since = forms.DateTimeField(required=False)
+    until = forms.DateTimeField(required=False)
+
+    def apply(self, queryset):
+        data = self.cleaned_data
+        lookups = {
+            "user": "user__username",
+            "action": "action",
+            "via": "via",
+            "message": "message_id",
+            "job": "job_id",
+            "since": "created_at__gte",
+            "until": "created_at__lt",
+        }
+        for field, lookup in lookups.items():
+            if data.get(field) not in (None, ""):
+                queryset = queryset.filter(**{lookup: data[field]})
+        return queryset
+
+
+ROLE_CHOICES = [(r.value, r.label) for r in Role]
+
+
+class UserCreateForm(forms.Form):
+    username = forms.CharField(max_length=150)
+    password = forms.CharField(widget=forms.PasswordInput, strip=False)
+    role = forms.ChoiceField(choices=ROLE_CHOICES, initial=Role.VIEWER)
+
+    def clean_username(self):
+        name = self.cleaned_data["username"]
+        field = get_user_model()._meta.get_field("username")
+        for validator in field.validators:
+            validator(name)
+        if get_user_model().objects.filter(username__iexact=name).exists():
+            raise ValidationError("A user with that name exists.")
+        return name
+
+    def clean(self):
+        data = super().clean()
+        if data.get("password"):
+            user = get_user_model()(username=data.get("username", ""))
+            password_validation.validate_password(data["password"], user)
+        return data
+
+
+class RoleForm(forms.Form):
+    role = forms.ChoiceField(choices=ROLE_CHOICES)
+
+
+class EvidenceFilterForm(forms.Form):
+    KINDS = [
+        ("", "any"),
+        ("lost", "lost"),
+        ("duplicate", "duplicate"),
+        ("orphan", "orphan"),
+        ("unverified", "unverified"),
+        ("pending", "pending"),
+    ]
+    kind = forms.CharField(required=False, max_length=32, widget=forms.Select(choices=KINDS))
+    window = forms.DateTimeField(required=False, label="Window start")
+    exchange = forms.CharField(required=False, max_length=255)
+    consumer_group = forms.CharField(required=False, max_length=255, label="Consumer group")
+    message_id = forms.CharField(required=False, max_length=255)
+
+    def apply(self, queryset):
+        data = self.cleaned_data
+        lookups = {
+            "kind": "kind",
+            "window": "window_start",
+            "exchange": "exchange",
+            "consumer_group": "consumer_group",
+            "message_id": "message_id",
+        }
+        for field, lookup in lookups.items():
+            if data.get(field) not in (None, ""):
+                queryset = queryset.filter(**{lookup: data[field]})
+        return queryset

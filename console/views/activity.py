@@ -1,0 +1,35 @@
+"""The activity log: who did what, filterable, newest first."""
+
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import render
+from django.views.decorators.http import require_GET
+
+from console.access import viewer_required
+from console.forms import ActivityFilterForm
+from console.views.paging import newest_first_page, query_without
+from recovery.models import Activity
+
+PAGE_SIZE = 100
+
+
+@login_required
+@viewer_required
+@require_GET
+def activity_list(request):
+    form = ActivityFilterForm(request.GET)
+    rows, next_before = [], None
+    if form.is_valid():
+        queryset = form.apply(Activity.objects.select_related("user", "message", "job"))
+        page = newest_first_page(queryset, request.GET.get("before"), PAGE_SIZE, "created_at")
+        rows, next_before = page.rows, page.next_before
+    ctx = {
+        "form": form,
+        "entries": rows,
+        "next_before": next_before,
+        "query": query_without(request, "before"),
+        "actions": [value for value, _label in ActivityFilterForm.ACTIONS if value],
+    }
+    template = "activity.html"
+    if request.htmx and request.htmx.target == "activity-table":
+        template += "#activity-table"
+    return render(request, template, ctx)

@@ -1,0 +1,160 @@
+"""Audit runs and their reports: per-hour charts, window badges, the evidence behind each number."""
+
+from collections import defaultdict
+
+from django.contrib.auth.decorators import login_required
+from django.db.models import Count
+from django.shortcuts import get_object_or_404, render
+from django.views.decorators.http import require_GET
+
+from console.access import viewer_required
+from console.forms import EvidenceFilterForm
+from recovery.models import AuditRun, Message
+
+RUNS_PER_PAGE = 50
+EVIDENCE_PER_PAGE = 200
+# The totals the run list shows; the report shows all of them.
+HEADLINE = ("distinct_published", "lost", "dup_msgs", "dead_lettered", "recovered")
+WINDOW_COLUMNS = (
+    "distinct_published",
+    "delivered_unique",
+    "dead_lettered",
+    "recovered",
+    "lost",
+    "pending",
+    "dup_msgs",
+    "orphan_consumptions",
+    "latency_p95_ms",
+)
+
+
+@login_required
+@viewer_required
+@require_GET
+def audit_list(request):
+    before = request.GET.get("before", "")
+    runs = AuditRun.objects.order_by("-date", "-revision", "-id")
+    if before.isdigit():
+        anchor = AuditRun.objects.filter(pk=int(before)).first()
+        if anchor:
+            runs = runs.filter(date__lte=anchor.date).exclude(
+                date=anchor.date, revision__gte=anchor.revision
+            )
+    runs = list(runs[: RUNS_PER_PAGE + 1])
+    next_before = runs[RUNS_PER_PAGE - 1].pk if len(runs) > RUNS_PER_PAGE else None
+    return render(
+        request,
+        "audits/list.html",
+        {"runs": runs[:RUNS_PER_PAGE], "headline": HEADLINE, "next_before": next_before},
+    )
+
+
+def _number(value):
+    return value if isinstance(value, int | float) else 0
+
+
+def hourly_charts(windows):
+    """Chart data per consumer group by hour: losses, duplicates and p95 latency.
+
+    Counts add up over a group's exchanges; a percentile cannot be added, so the chart shows the
+    worst exchange's p95 for the hour.
+    """
+    hours = sorted({w.window_start for w in windows})
+    index = {hour: i for i, hour in enumerate(hours)}
+    lost = defaultdict(lambda: [0] * len(hours))
+    dups = defaultdict(lambda: [0] * len(hours))
+    p95 = defaultdict(lambda: [None] * len(hours))
+    for w in windows:
+        group, i = w.consumer_group or "(none)", index[w.window_start]
+        lost[group][i] += _number(w.metrics.get("lost"))
+        dups[group][i] += _number(w.metrics.get("dup_msgs"))
+        latency = w.metrics.get("latency_p95_ms")
+        if isinstance(latency, int | float):
+            p95[group][i] = max(latency, p95[group][i] or 0)
+    labels = [h.strftime("%H:%M") for h in hours]
+
+    def chart(series, kind):
+        return {
+            "type": kind,
+            "labels": labels,
+            "datasets": [{"label": g, "data": series[g]} for g in sorted(series)],
+        }
+
+    return {
+        "lost": chart(lost, "bar"),
+        "dups": chart(dups, "bar"),
+        "latency": chart(p95, "line"),
+    }
+
+
+@login_required
+@viewer_required
+@require_GET
+def audit_detail(request, pk):
+    run = get_object_or_404(AuditRun, pk=pk)
+    windows = list(run.windows.all())
+    revisions = (
+        AuditRun.objects.filter(date=run.date)
+        .order_by("-revision")
+        .only("id", "revision", "status", "finality")
+    )
+    evidence_counts = {
+        row["kind"]: row["n"]
+        for row in run.evidence.values("kind").annotate(n=Count("id")).order_by("kind")
+    }
+    rows = [
+        {
+            "window": w,
+            "metrics": [w.metrics.get(name) for name in WINDOW_COLUMNS],
+        }
+        for w in windows
+    ]
+    ctx = {
+        "run": run,
+        "rows": rows,
+        "columns": WINDOW_COLUMNS,
+        "charts": hourly_charts(windows),
+        "totals": sorted(run.totals.items()),
+        "revisions": revisions,
+        "evidence_counts": sorted(evidence_counts.items()),
+        "gaps": run.input_gaps.all()[:100],
+    }
+    return render(request, "audits/detail.html", ctx)
+
+
+@login_required
+@viewer_required
+@require_GET
+def audit_evidence(request, pk):
+    run = get_object_or_404(AuditRun, pk=pk)
+    form = EvidenceFilterForm(request.GET)
+    rows, next_after = [], None
+    if form.is_valid():
+        queryset = form.apply(run.evidence.order_by("id"))
+        after = request.GET.get("after", "")
+        if after.isdigit():
+            queryset = queryset.filter(id__gt=int(after))
+        rows = list(queryset[: EVIDENCE_PER_PAGE + 1])
+        if len(rows) > EVIDENCE_PER_PAGE:
+            rows = rows[:EVIDENCE_PER_PAGE]
+            next_after = rows[-1].pk
+    # A store row may be gone (retention): link only the ones still there.
+    stored = set(
+        Message.objects.filter(pk__in=[r.store_id for r in rows if r.store_id]).values_list(
+            "pk", flat=True
+        )
+    )
+    query = request.GET.copy()
+    query.pop("after", None)
+    ctx = {
+        "run": run,
+        "form": form,
+        "rows": rows,
+        "stored": stored,
+        "next_after": next_after,
+        "query": query.urlencode(),
+    }
+    template = "audits/evidence.html"
+    if request.htmx and request.htmx.target == "evidence-table":
+        template += "#evidence-table"
+    return render(request, template, ctx)

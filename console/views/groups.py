@@ -1,0 +1,118 @@
+"""Failure groups: messages that failed the same way (queue + reason + exception fingerprint)."""
+
+from django import forms
+from django.contrib.auth.decorators import login_required
+from django.db import connection
+from django.db.models import Max, Q, Sum
+from django.shortcuts import render
+from django.views.decorators.http import require_GET
+
+from console.access import viewer_required
+from recovery.models import Kind, MessageCount, Reason, Status
+
+PAGE_SIZE = 100
+
+
+class GroupFilterForm(forms.Form):
+    SORTS = [("open", "most open"), ("total", "most messages"), ("recent", "most recent")]
+    queue = forms.CharField(required=False, max_length=255)
+    kind = forms.ChoiceField(choices=[("", "any")] + list(Kind.choices), required=False)
+    reason = forms.ChoiceField(choices=[("", "any")] + list(Reason.choices), required=False)
+    open_only = forms.BooleanField(required=False, label="With open messages only")
+    sort = forms.ChoiceField(choices=SORTS, required=False)
+    page = forms.IntegerField(required=False, min_value=1, widget=forms.HiddenInput)
+
+    def apply(self, queryset):
+        data = self.cleaned_data
+        if data.get("queue"):
+            queryset = queryset.filter(
+                Q(source_queue=data["queue"]) | Q(source_exchange=data["queue"])
+            )
+        if data.get("kind"):
+            queryset = queryset.filter(kind=data["kind"])
+        if data.get("reason"):
+            queryset = queryset.filter(reason=data["reason"])
+        return queryset
+
+
+OPEN = [Status.PENDING, Status.POISONED, Status.REPLAYING]
+
+
+def group_rows(form):
+    queryset = form.apply(MessageCount.objects.all())
+    rows = (
+        queryset.values("group_key")
+        .annotate(
+            total=Sum("n"),
+            open=Sum("n", filter=Q(status__in=OPEN), default=0),
+            poisoned=Sum("n", filter=Q(status=Status.POISONED), default=0),
+            replayed=Sum("n", filter=Q(status=Status.REPLAYED), default=0),
+        )
+        .filter(total__gt=0)
+    )
+    if form.cleaned_data.get("open_only"):
+        rows = rows.filter(open__gt=0)
+    return rows
+
+
+def group_details(keys):
+    """Label, kind, source and exact first/last collection time per group (index probes)."""
+    if not keys:
+        return {}
+    with connection.cursor() as cur:
+        cur.execute(
+            """
+            SELECT g.key, newest.group_label, newest.kind, newest.reason, newest.source_queue,
+                   newest.source_exchange, newest.collected_at,
+                   (SELECT m.collected_at FROM recovery_message m WHERE m.group_key = g.key
+                    ORDER BY m.collected_at, m.id LIMIT 1)
+            FROM unnest(%s::text[]) AS g(key)
+            CROSS JOIN LATERAL (
+                SELECT group_label, kind, reason, source_queue, source_exchange, collected_at
+                FROM recovery_message m WHERE m.group_key = g.key
+                ORDER BY m.collected_at DESC, m.id DESC LIMIT 1
+            ) AS newest
+            """,
+            [list(keys)],
+        )
+        columns = ["key", "label", "kind", "reason", "queue", "exchange", "last", "first"]
+        return {row[0]: dict(zip(columns, row, strict=True)) for row in cur.fetchall()}
+
+
+@login_required
+@viewer_required
+@require_GET
+def group_list(request):
+    form = GroupFilterForm(request.GET)
+    groups, has_more, page = [], False, 1
+    if form.is_valid():
+        page = form.cleaned_data.get("page") or 1
+        sort = form.cleaned_data.get("sort") or "open"
+        rows = group_rows(form)
+        if sort == "recent":
+            rows = rows.annotate(last_hour=Max("hour")).order_by("-last_hour", "group_key")
+        elif sort == "total":
+            rows = rows.order_by("-total", "group_key")
+        else:
+            rows = rows.order_by("-open", "-total", "group_key")
+        chunk = list(rows[(page - 1) * PAGE_SIZE : page * PAGE_SIZE + 1])
+        has_more = len(chunk) > PAGE_SIZE
+        chunk = chunk[:PAGE_SIZE]
+        details = group_details([row["group_key"] for row in chunk])
+        # A group whose messages are all gone (retention) has no details: it is not shown.
+        groups = [
+            {**row, **details[row["group_key"]]} for row in chunk if row["group_key"] in details
+        ]
+    query = request.GET.copy()
+    query.pop("page", None)
+    ctx = {
+        "form": form,
+        "groups": groups,
+        "page": page,
+        "has_more": has_more,
+        "query": query.urlencode(),
+    }
+    template = "groups/list.html"
+    if request.htmx and request.htmx.target == "group-table":
+        template += "#group-table"
+    return render(request, template, ctx)

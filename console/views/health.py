@@ -1,0 +1,23 @@
+from django.db import connection
+from django.http import HttpResponse, JsonResponse
+from django.views.decorators.http import require_GET
+
+from recovery.collector_health import collector_health
+
+
+@require_GET
+def healthz(request):
+    report = {"database": {"ok": True}, "broker": {"ok": True}}
+    try:
+        with connection.cursor() as cur:
+            cur.execute("SELECT 1")
+    except Exception as exc:  # noqa: BLE001 - reported, not raised
+        report["database"] = {"ok": False, "error": str(exc)}
+    report["collector"] = collector_health(database_ok=report["database"]["ok"])
+    report["broker"] = report["collector"].pop("broker")
+    ok = report["database"]["ok"] and report["broker"]["ok"]
+    return JsonResponse(report, status=200 if ok else 503)
+
+
+def favicon(request):
+    return HttpResponse(status=204)

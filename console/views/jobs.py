@@ -1,0 +1,141 @@
+"""Replay jobs: create (with a dry-run preview), watch progress live, cancel, resume."""
+
+from django.contrib import messages as flash
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from console.access import operator_required, viewer_required
+from console.forms import JobForm
+from console.views.paging import newest_first_page, query_without
+from recovery.models import Message, ReplayJob, Role, has_role
+
+PAGE_SIZE = 50
+POLL_SECONDS = 1
+
+
+@login_required
+@viewer_required
+@require_GET
+def job_list(request):
+    page = newest_first_page(
+        ReplayJob.objects.select_related("created_by"),
+        request.GET.get("before"),
+        PAGE_SIZE,
+        "created_at",
+    )
+    any_active = any(job.is_active for job in page.rows)
+    ctx = {
+        "jobs": page.rows,
+        "next_before": page.next_before,
+        "query": query_without(request, "before"),
+        "poll": any_active,
+        "poll_seconds": POLL_SECONDS,
+    }
+    template = "jobs/list.html"
+    if request.htmx and request.htmx.target == "job-table":
+        template += "#job-table"
+    return render(request, template, ctx)
+
+
+def _selection_summary(form):
+    """What the job will replay, in words, for the form page."""
+    if not form.is_valid():
+        return ""
+    selection = form.selection()
+    if "message_ids" in selection:
+        return f"{len(selection['message_ids'])} selected message(s)"
+    if "group_key" in selection:
+        label = (
+            Message.objects.filter(group_key=selection["group_key"])
+            .values_list("group_label", flat=True)
+            .first()
+        )
+        return f"failure group {label or selection['group_key']}"
+    return "messages matching " + ", ".join(f"{k}={v}" for k, v in selection["filters"].items())
+
+
+@login_required
+@viewer_required
+@require_http_methods(["GET", "POST"])
+def job_new(request):
+    """The job form. GET with ``preview`` runs a dry run; POST (operators) starts the job."""
+    from recovery.jobs import create_job, dry_run
+
+    if request.method == "POST":
+        if not has_role(request.user, Role.OPERATOR):
+            raise PermissionDenied("requires the operator role")
+        form = JobForm(request.POST)
+        if form.is_valid():
+            try:
+                job = create_job(request.user, **form.selection(), **form.options(), via="console")
+            except ValidationError as exc:
+                form.add_error(None, exc)
+            else:
+                flash.success(request, f"Job #{job.pk} started.")
+                return redirect("job", pk=job.pk)
+        preview = None
+    else:
+        form = JobForm(request.GET or None)
+        preview = None
+        if request.GET.get("preview") and form.is_valid():
+            try:
+                preview = dry_run(**form.selection(), **form.options())
+            except ValidationError as exc:
+                form.add_error(None, exc)
+    if preview is not None:
+        preview = {"targets": preview, "total": sum(row["count"] for row in preview)}
+    ctx = {"form": form, "preview": preview, "summary": _selection_summary(form)}
+    template = "jobs/new.html"
+    if request.htmx and request.htmx.target == "preview":
+        template += "#preview"
+    return render(request, template, ctx)
+
+
+@login_required
+@viewer_required
+@require_GET
+def job_detail(request, pk):
+    job = get_object_or_404(ReplayJob.objects.select_related("created_by"), pk=pk)
+    ctx = {
+        "job": job,
+        "poll_seconds": POLL_SECONDS,
+        "attempts": job.attempts.select_related("message").order_by("-created_at", "-id")[:50],
+    }
+    template = "jobs/detail.html"
+    if request.htmx and request.htmx.target == "job-progress":
+        template += "#job-progress"
+    return render(request, template, ctx)
+
+
+def _job_action(request, pk, method_name, done_message):
+    job = get_object_or_404(ReplayJob, pk=pk)
+    try:
+        getattr(job, method_name)(request.user, via="console")
+    except ValidationError as exc:
+        flash.error(request, "; ".join(exc.messages))
+    else:
+        flash.success(request, done_message.format(job=job))
+    if request.htmx:
+        job.refresh_from_db()
+        return render(
+            request,
+            "jobs/detail.html#job-progress",
+            {"job": job, "poll_seconds": POLL_SECONDS},
+        )
+    return redirect("job", pk=job.pk)
+
+
+@login_required
+@operator_required
+@require_POST
+def job_cancel(request, pk):
+    return _job_action(request, pk, "cancel", "Job #{job.pk} cancelled.")
+
+
+@login_required
+@operator_required
+@require_POST
+def job_resume(request, pk):
+    return _job_action(request, pk, "resume", "Job #{job.pk} resumed.")

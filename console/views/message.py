@@ -1,0 +1,236 @@
+"""One message: everything stored about it, and what an operator can do with it."""
+
+import contextlib
+import json
+
+from django.contrib import messages as flash
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
+from django.http import HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from console.access import operator_required, viewer_required
+from console.forms import DiscardForm, EditReplayForm, TargetForm
+from recovery import headers as header_codec
+from recovery.models import Message
+from recovery.replay import STRIPPED_HEADERS, ReplayError
+
+HEX_LIMIT = 64 * 1024
+TEXT_LIMIT = 1024 * 1024
+
+
+def body_views(body):
+    """The body as text, pretty JSON and hex (whichever apply), cut to what a page can hold."""
+    views = {"size": len(body), "text": None, "json": None, "hex": None}
+    with contextlib.suppress(UnicodeDecodeError):
+        views["text"] = body[:TEXT_LIMIT].decode("utf-8")
+    views["text_truncated"] = views["text"] is not None and len(body) > TEXT_LIMIT
+    if views["text"] is not None and not views["text_truncated"]:
+        with contextlib.suppress(ValueError, RecursionError):
+            parsed = json.loads(views["text"])
+            if isinstance(parsed, dict | list):
+                views["json"] = json.dumps(parsed, indent=2, ensure_ascii=False)
+    shown = body[:HEX_LIMIT]
+    views["hex"] = "\n".join(
+        f"{offset:08x}  {shown[offset : offset + 16].hex(' '):<47}  "
+        + "".join(chr(b) if 32 <= b < 127 else "." for b in shown[offset : offset + 16])
+        for offset in range(0, len(shown), 16)
+    )
+    views["hex_truncated"] = len(body) > len(shown)
+    views["default"] = "json" if views["json"] else "text" if views["text"] is not None else "hex"
+    return views
+
+
+def value_type(value):
+    if isinstance(value, dict):
+        return value.get(header_codec.TAG) or "table"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    return "null" if value is None else "string"
+
+
+def display_rows(table, skip=()):
+    """(name, AMQP type, readable value) for stored headers or properties, sorted by name."""
+    rows = []
+    for name, value in sorted(table.items()):
+        if name in skip:
+            continue
+        shown = header_codec.plain(value)
+        if isinstance(shown, dict | list):
+            shown = json.dumps(shown, ensure_ascii=False, default=str)
+        rows.append((name, value_type(value), "" if shown is None else str(shown)))
+    return rows
+
+
+def death_timeline(message):
+    """x-death entries oldest first (RabbitMQ keeps them newest first)."""
+    entries = message.x_death
+    with contextlib.suppress(TypeError):
+        return sorted(entries, key=lambda e: str(e.get("time", "")))
+    return list(reversed(entries))
+
+
+def _detail_context(message, target_form=None, discard_form=None, error=None):
+    exchange, routing_key = message.default_target()
+    return {
+        "message": message,
+        "body": body_views(message.body_bytes),
+        "headers": display_rows(message.headers, skip=("x-death",)),
+        "properties": display_rows(message.properties),
+        "deaths": death_timeline(message),
+        "attempts": message.attempts.select_related("user", "job")[:50],
+        "activity": message.activity.select_related("user").order_by("-created_at", "-id")[:20],
+        "returns": message.returns.only("id", "collected_at", "status", "reason")[:20],
+        "default_exchange": exchange,
+        "default_routing_key": routing_key,
+        "target_form": target_form or TargetForm(),
+        "discard_form": discard_form or DiscardForm(),
+        "error": error,
+    }
+
+
+@login_required
+@viewer_required
+@require_GET
+def message_detail(request, pk):
+    message = get_object_or_404(Message, pk=pk)
+    return render(request, "messages/detail.html", _detail_context(message))
+
+
+def _status_response(request, message, error=None, status=200, target_form=None):
+    """The replay/discard status box for htmx, or the whole page."""
+    message.refresh_from_db()
+    if request.htmx:
+        ctx = _detail_context(message, target_form=target_form, error=error)
+        return render(request, "messages/detail.html#actions", ctx, status=status)
+    if error:
+        flash.error(request, error)
+    return redirect("message", pk=message.pk)
+
+
+@login_required
+@operator_required
+@require_POST
+def message_replay(request, pk):
+    """One-click replay, to the default target or the one chosen in the target form."""
+    from recovery.replay import replay_message
+
+    message = get_object_or_404(Message, pk=pk)
+    form = TargetForm(request.POST)
+    if not form.is_valid():
+        error = " ".join(" ".join(e) for e in form.errors.values())
+        return _status_response(request, message, error, 400, target_form=form)
+    exchange, routing_key = form.target()
+    try:
+        attempt = replay_message(
+            message, user=request.user, exchange=exchange, routing_key=routing_key, via="console"
+        )
+    except ReplayError as exc:
+        return _status_response(request, message, str(exc), 409, target_form=form)
+    if attempt.outcome != "confirmed" and not request.htmx:
+        flash.warning(request, f"Replay {attempt.outcome}: {attempt.detail}")
+    elif not request.htmx:
+        flash.success(request, "Replayed; the broker confirmed it.")
+    return _status_response(request, message)
+
+
+def _call_or_error(function, *args, **kwargs):
+    try:
+        function(*args, **kwargs)
+    except (ValidationError, ReplayError) as exc:
+        return "; ".join(getattr(exc, "messages", [str(exc)]))
+    return None
+
+
+@login_required
+@operator_required
+@require_POST
+def message_discard(request, pk):
+    from recovery.replay import discard_message
+
+    message = get_object_or_404(Message, pk=pk)
+    form = DiscardForm(request.POST)
+    form.is_valid()
+    reason = form.cleaned_data.get("reason", "")
+    error = _call_or_error(discard_message, message, request.user, "console", reason)
+    return _status_response(request, message, error, 409 if error else 200)
+
+
+@login_required
+@operator_required
+@require_POST
+def message_restore(request, pk):
+    from recovery.replay import restore_message
+
+    message = get_object_or_404(Message, pk=pk)
+    error = _call_or_error(restore_message, message, request.user, "console")
+    return _status_response(request, message, error, 409 if error else 200)
+
+
+def editable_headers(message):
+    """The stored headers minus those a replay strips anyway, as pretty tagged JSON."""
+    shown = {k: v for k, v in message.headers.items() if k not in STRIPPED_HEADERS}
+    return json.dumps(shown, indent=2, ensure_ascii=False, sort_keys=True)
+
+
+@login_required
+@operator_required
+@require_http_methods(["GET", "POST"])
+def message_edit(request, pk):
+    """Edit headers/body/target and replay once; the stored original is never changed."""
+    from recovery.replay import edit_and_replay
+
+    message = get_object_or_404(Message, pk=pk)
+    body = body_views(message.body_bytes)
+    body_editable = body["text"] is not None and not body["text_truncated"]
+    if request.method == "POST":
+        form = EditReplayForm(request.POST, body_editable=body_editable)
+        if form.is_valid():
+            exchange, routing_key = form.target()
+            try:
+                attempt = edit_and_replay(
+                    message,
+                    request.user,
+                    headers_json=form.cleaned_data["headers"],
+                    body=form.body_bytes(),
+                    exchange=exchange,
+                    routing_key=routing_key,
+                    via="console",
+                )
+            except (ValidationError, ReplayError) as exc:
+                form.add_error(None, "; ".join(getattr(exc, "messages", [str(exc)])))
+            else:
+                level = flash.SUCCESS if attempt.outcome == "confirmed" else flash.WARNING
+                flash.add_message(
+                    request, level, f"Edited replay {attempt.outcome}. {attempt.detail}".strip()
+                )
+                return redirect("message", pk=message.pk)
+    else:
+        form = EditReplayForm(
+            initial={"headers": editable_headers(message), "body": body["text"] or ""},
+            body_editable=body_editable,
+        )
+    exchange, routing_key = message.default_target()
+    ctx = {
+        "message": message,
+        "form": form,
+        "default_exchange": exchange,
+        "default_routing_key": routing_key,
+    }
+    return render(request, "messages/edit.html", ctx)
+
+
+@login_required
+@viewer_required
+@require_GET
+def message_body(request, pk):
+    """The raw body bytes as a download: never rendered inline, whatever its content type says."""
+    message = get_object_or_404(Message.objects.only("id", "body"), pk=pk)
+    response = HttpResponse(message.body_bytes, content_type="application/octet-stream")
+    response["Content-Disposition"] = f'attachment; filename="message-{message.pk}.bin"'
+    return response

@@ -1,0 +1,111 @@
+"""The message list: filters, search, keyset pages, and bulk actions on a selection."""
+
+from urllib.parse import urlencode
+
+from django.contrib import messages as flash
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_GET, require_POST
+
+from console.access import operator_required, viewer_required
+from console.forms import BulkActionForm
+from console.views.paging import newest_first_page, query_without
+from recovery.filters import MIN_SUBSTRING_LENGTH, MessageFilterForm
+from recovery.models import Message
+
+PAGE_SIZE = 50
+LIST_COLUMNS = (
+    "id",
+    "kind",
+    "vhost",
+    "reason",
+    "source_queue",
+    "source_exchange",
+    "message_id",
+    "body_size",
+    "status",
+    "replay_count",
+    "group_key",
+    "collected_at",
+)
+
+
+@login_required
+@viewer_required
+@require_GET
+def message_list(request):
+    form = MessageFilterForm(request.GET)
+    rows, next_before = [], None
+    if form.is_valid():
+        queryset = form.apply(Message.objects.only(*LIST_COLUMNS))
+        page = newest_first_page(queryset, request.GET.get("before"), PAGE_SIZE, "collected_at")
+        rows, next_before = page.rows, page.next_before
+    query = query_without(request, "before")
+    filter_query = query_without(request, "before", "page")
+    ctx = {
+        "form": form,
+        "messages_page": rows,
+        "next_before": next_before,
+        "query": query,
+        "job_query": filter_query,
+        "paged": bool(request.GET.get("before")),
+        "min_substring": MIN_SUBSTRING_LENGTH,
+        "next": request.get_full_path(),
+    }
+    template = "messages/list.html"
+    if request.htmx and request.htmx.target == "message-table":
+        template += "#message-table"
+    return render(request, template, ctx)
+
+
+def _back(request, fallback="messages"):
+    target = request.POST.get("next", "")
+    if target and url_has_allowed_host_and_scheme(target, {request.get_host()}):
+        return redirect(target)
+    return redirect(fallback)
+
+
+@login_required
+@operator_required
+@require_POST
+def message_bulk(request):
+    """Replay, discard or make a job of the selected messages."""
+    form = BulkActionForm(request.POST)
+    if not form.is_valid():
+        for error in form.errors.values():
+            flash.error(request, " ".join(error))
+        return _back(request)
+    ids, action = form.cleaned_data["ids"], form.cleaned_data["action"]
+    if action == "job":
+        return redirect(reverse("job-new") + "?" + urlencode({"ids": ",".join(map(str, ids))}))
+    if action == "replay":
+        from recovery.jobs import create_job
+
+        try:
+            job = create_job(request.user, message_ids=ids, via="console")
+        except ValidationError as exc:
+            flash.error(request, "; ".join(exc.messages))
+            return _back(request)
+        flash.success(request, f"Job #{job.pk} replays {len(ids)} selected message(s).")
+        return redirect("job", pk=job.pk)
+    return _discard_many(request, ids, form.cleaned_data["reason"])
+
+
+def _discard_many(request, ids, reason):
+    from recovery.replay import discard_message
+
+    discarded, refused = 0, []
+    for message in Message.objects.filter(pk__in=ids).defer("body"):
+        try:
+            discard_message(message, request.user, "console", reason)
+            discarded += 1
+        except ValidationError as exc:
+            refused.append(f"#{message.pk}: {'; '.join(exc.messages)}")
+    if discarded:
+        flash.success(request, f"Discarded {discarded} message(s).")
+    for line in refused:
+        flash.error(request, line)
+    return _back(request)

@@ -1,0 +1,164 @@
+"""The overview: what is in the store, how it trends, and whether collection keeps up.
+
+Counts come from MessageCount (kept by triggers), never from aggregating the messages, so the
+page costs the same with a million stored messages. The broker-facing half (collector health,
+queue depths) is a separate fragment the page loads and refreshes, so a slow or unreachable
+broker never holds up the page itself.
+"""
+
+import datetime
+from collections import defaultdict
+
+from django.conf import settings
+from django.contrib.auth.decorators import login_required
+from django.db.models import Sum
+from django.shortcuts import render
+from django.utils import timezone
+from django.views.decorators.http import require_GET
+
+from console.access import viewer_required
+from recovery.broker import Management, ManagementError
+from recovery.collector_health import collector_health
+from recovery.models import Activity, Kind, MessageCount, Status
+from recovery.topology import DLX_POLICY, Names
+
+TOP_SOURCES = 15
+MANAGEMENT_TIMEOUT_SECONDS = 3
+APP_QUEUES_SHOWN = 20
+
+
+def _hour(moment):
+    return moment.replace(minute=0, second=0, microsecond=0)
+
+
+def store_counts():
+    """Totals by kind, source, reason and status from one pass over the rollup."""
+    rows = (
+        MessageCount.objects.values(
+            "vhost", "kind", "source_queue", "source_exchange", "reason", "status"
+        )
+        .annotate(total=Sum("n"))
+        .filter(total__gt=0)
+    )
+    by_kind, by_reason, by_status = defaultdict(int), defaultdict(int), defaultdict(int)
+    open_by_kind, open_by_reason = defaultdict(int), defaultdict(int)
+    by_source = defaultdict(lambda: {"total": 0, "open": 0})
+    open_statuses = {Status.PENDING, Status.POISONED, Status.REPLAYING}
+    for row in rows:
+        n, is_open = row["total"], row["status"] in open_statuses
+        by_kind[row["kind"]] += n
+        by_reason[row["reason"]] += n
+        by_status[row["status"]] += n
+        source = by_source[(row["vhost"], row["source_queue"], row["source_exchange"])]
+        source["total"] += n
+        if is_open:
+            open_by_kind[row["kind"]] += n
+            open_by_reason[row["reason"]] += n
+            source["open"] += n
+
+    def table(totals, opens):
+        return sorted(
+            ({"name": k, "total": v, "open": opens.get(k, 0)} for k, v in totals.items()),
+            key=lambda r: (-r["open"], -r["total"], r["name"]),
+        )
+
+    sources = sorted(
+        ({"vhost": v, "queue": q, "exchange": e, **n} for (v, q, e), n in by_source.items()),
+        key=lambda r: (-r["open"], -r["total"]),
+    )
+    return {
+        "by_kind": table(by_kind, open_by_kind),
+        "by_reason": table(by_reason, open_by_reason),
+        "by_status": sorted(by_status.items(), key=lambda kv: -kv[1]),
+        "sources": sources[:TOP_SOURCES],
+        "more_sources": max(0, len(sources) - TOP_SOURCES),
+        "vhosts": sorted({s["vhost"] for s in sources}),
+        "total": sum(by_kind.values()),
+        "open": sum(open_by_kind.values()),
+    }
+
+
+def trend(now, hours, bucket_hours):
+    """Messages collected per bucket and kind over the last ``hours``: chart.js-ready data."""
+    end = _hour(now) + datetime.timedelta(hours=1)
+    start = end - datetime.timedelta(hours=hours)
+    rows = (
+        MessageCount.objects.filter(hour__gte=start, hour__lt=end)
+        .values("hour", "kind")
+        .annotate(total=Sum("n"))
+    )
+    buckets = hours // bucket_hours
+    series = defaultdict(lambda: [0] * buckets)
+    for row in rows:
+        index = int((row["hour"] - start).total_seconds() // 3600) // bucket_hours
+        series[row["kind"]][index] += row["total"]
+    fmt = "%H:%M" if bucket_hours < 24 else "%a %d"
+    labels = [
+        (start + datetime.timedelta(hours=i * bucket_hours)).strftime(fmt) for i in range(buckets)
+    ]
+    return {
+        "labels": labels,
+        "datasets": [
+            {"label": kind.value, "data": series[kind.value]}
+            for kind in Kind
+            if kind.value in series
+        ],
+    }
+
+
+@login_required
+@viewer_required
+@require_GET
+def overview(request):
+    now = timezone.now()
+    ctx = {
+        **store_counts(),
+        "trend_24h": trend(now, 24, 1),
+        "trend_7d": trend(now, 7 * 24, 24),
+        "activity": Activity.objects.select_related("user").order_by("-created_at", "-id")[:12],
+        "now": now,
+    }
+    return render(request, "overview.html", ctx)
+
+
+def broker_queues():
+    """Depths of the recovery queues and of the application queues that dead-letter to us."""
+    names = Names.from_settings()
+    recovery_queues = {*names.source_queues, names.quarantine}
+    management = Management(timeout=MANAGEMENT_TIMEOUT_SECONDS)
+    report = []
+    for vhost in settings.RECOVERY_VHOSTS:
+        entry = {"vhost": vhost, "recovery": [], "app": [], "error": ""}
+        try:
+            queues = management.queues(vhost) or []
+        except ManagementError as exc:
+            entry["error"] = str(exc)
+            report.append(entry)
+            continue
+        for queue in queues:
+            arguments = queue.get("arguments") or {}
+            if queue["name"] in recovery_queues:
+                entry["recovery"].append(queue)
+            elif (
+                arguments.get("x-dead-letter-exchange") == names.dlx
+                or queue.get("policy") == DLX_POLICY
+            ):
+                entry["app"].append(queue)
+        entry["recovery"].sort(key=lambda q: q["name"])
+        entry["app"].sort(key=lambda q: (-(q.get("messages") or 0), q["name"]))
+        entry["more_app"] = max(0, len(entry["app"]) - APP_QUEUES_SHOWN)
+        entry["app"] = entry["app"][:APP_QUEUES_SHOWN]
+        report.append(entry)
+    return report
+
+
+@login_required
+@viewer_required
+@require_GET
+def overview_live(request):
+    """Collector health and live queue depths (its own page without JavaScript)."""
+    ctx = {"health": collector_health(), "queues": broker_queues(), "now": timezone.now()}
+    template = "overview_live.html"
+    if request.htmx:
+        template += "#live"
+    return render(request, template, ctx)

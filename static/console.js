@@ -1,0 +1,60 @@
+// Lazarus console behaviour. No inline scripts anywhere (the CSP forbids them): charts read their
+// data from <script type="application/json"> blocks written by Django's json_script filter, which
+// the browser never executes.
+(function () {
+  "use strict";
+
+  var PALETTE = ["#0b5cad", "#b42318", "#067647", "#b54708", "#6941c6", "#0e7090", "#c11574", "#475467"];
+
+  function renderCharts(root) {
+    if (typeof window.Chart === "undefined") return;
+    root.querySelectorAll("canvas[data-chart]").forEach(function (canvas) {
+      if (canvas.dataset.rendered) return;
+      var source = document.getElementById(canvas.dataset.chart);
+      if (!source) return;
+      var data = JSON.parse(source.textContent);
+      var type = canvas.dataset.chartType || data.type || "bar";
+      var stacked = canvas.dataset.stacked === "true";
+      data.datasets.forEach(function (set, i) {
+        var colour = PALETTE[i % PALETTE.length];
+        set.backgroundColor = colour;
+        set.borderColor = colour;
+        set.spanGaps = true;
+      });
+      new window.Chart(canvas, {
+        type: type,
+        data: { labels: data.labels, datasets: data.datasets },
+        options: {
+          animation: false,
+          responsive: true,
+          maintainAspectRatio: false,
+          scales: {
+            x: { stacked: stacked },
+            y: { stacked: stacked, beginAtZero: true, ticks: { precision: 0 } },
+          },
+          plugins: { legend: { position: "bottom" } },
+        },
+      });
+      canvas.dataset.rendered = "1";
+    });
+  }
+
+  // "Select all on this page" for the message list's bulk actions.
+  document.addEventListener("change", function (event) {
+    var box = event.target;
+    if (!box.matches || !box.matches("input[data-select-all]")) return;
+    var form = box.closest("form") || document;
+    form.querySelectorAll('input[type="checkbox"][name="' + box.dataset.selectAll + '"]').forEach(
+      function (other) { other.checked = box.checked; }
+    );
+  });
+
+  // Destructive buttons ask first (without JavaScript they simply submit).
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest && event.target.closest("button[data-confirm]");
+    if (button && !window.confirm(button.dataset.confirm)) event.preventDefault();
+  }, true);
+
+  document.addEventListener("DOMContentLoaded", function () { renderCharts(document); });
+  document.addEventListener("htmx:load", function (event) { renderCharts(event.target); });
+})();
