@@ -290,6 +290,9 @@ class CollectorHeartbeat(models.Model):
     quarantined = models.BigIntegerField(default=0)
     errors = models.BigIntegerField(default=0)
     last_error = models.TextField(blank=True, default="")
+    # Messages stored per second between the last two heartbeats.
+    rate = models.FloatField(default=0.0)
+    last_collected_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
 
