@@ -255,6 +255,9 @@ COLLECTOR_PREFETCH = env_int("COLLECTOR_PREFETCH", 2000, minimum=1)
 COLLECTOR_BATCH_SIZE = env_int("COLLECTOR_BATCH_SIZE", 500, minimum=1)
 COLLECTOR_FLUSH_SECONDS = env_float("COLLECTOR_FLUSH_SECONDS", 0.2)
 COLLECTOR_MAX_BODY_BYTES = env_int("COLLECTOR_MAX_BODY_BYTES", 64 * 1024 * 1024, minimum=1)
+# Bytes the prefetch window may hold per source: RabbitMQ's prefetch counts messages, so the
+# collector derives the count from this and the body sizes it sees (recovery.collector.Window).
+COLLECTOR_PREFETCH_BYTES = env_int("COLLECTOR_PREFETCH_BYTES", 64 * 1024 * 1024, minimum=1)
 
 # Replay.
 REPLAY_CONFIRM_TIMEOUT_SECONDS = env_float("REPLAY_CONFIRM_TIMEOUT_SECONDS", 30.0)
