@@ -1,0 +1,106 @@
+"""One error format everywhere: application/problem+json with status, code, detail, errors."""
+
+import pytest
+from django.test import RequestFactory
+from rest_framework.exceptions import ValidationError
+
+from recovery.api.errors import exception_handler, flatten_errors, handler404, handler500
+from tests.api.conftest import make_message
+from tests.conftest import make_user
+
+PROBLEM = "application/problem+json"
+
+
+def assert_problem(response, status, code):
+    assert response.status_code == status, response.content
+    assert response["Content-Type"] == PROBLEM
+    body = response.json()
+    assert body["status"] == status
+    assert body["code"] == code
+    assert body["type"] == "about:blank" and body["title"] and body["detail"]
+    assert body["instance"] == response.wsgi_request.path
+    return body
+
+
+@pytest.fixture
+def viewer_api(api_as, db):
+    return api_as(make_user("v", "viewer"))
+
+
+@pytest.fixture
+def operator_api(api_as, db):
+    return api_as(make_user("o", "operator"))
+
+
+def test_401_403_404(api_as, viewer_api):
+    assert_problem(api_as(None).get("/api/v1/messages"), 401, "not_authenticated")
+    bad = api_as(None).get("/api/v1/messages", headers={"Authorization": "Token lz_wrong"})
+    assert_problem(bad, 401, "authentication_failed")
+    assert_problem(viewer_api.get("/api/v1/tokens"), 403, "permission_denied")
+    assert_problem(viewer_api.get("/api/v1/messages/999999999"), 404, "not_found")
+    assert_problem(viewer_api.get("/api/v1/no-such-thing"), 404, "not_found")
+
+
+def test_filter_errors_name_each_field(viewer_api):
+    response = viewer_api.get("/api/v1/messages", {"kind": "grue", "since": "yesterday-ish"})
+    body = assert_problem(response, 400, "invalid")
+    assert set(body["errors"]) == {"kind", "since"}
+    assert body["detail"].startswith(("kind:", "since:"))
+
+
+def test_bad_cursor_is_a_404_problem(viewer_api):
+    assert_problem(viewer_api.get("/api/v1/messages", {"cursor": "garbage"}), 404, "not_found")
+
+
+def test_405_415_and_malformed_json(operator_api, client):
+    message = make_message()
+    url = f"/api/v1/messages/{message.pk}/replay"
+    assert_problem(operator_api.get(url), 405, "method_not_allowed")
+    form = client.post(url, {"queue": "x"}, **operator_api.headers())  # multipart form
+    assert_problem(form, 415, "unsupported_media_type")
+    broken = client.post(
+        url, "{not json", content_type="application/json", **operator_api.headers()
+    )
+    assert_problem(broken, 400, "parse_error")
+    message.refresh_from_db()
+    assert message.status == "pending" and message.replay_count == 0
+
+
+def test_body_validation_names_nested_and_header_fields(operator_api):
+    message = make_message()
+    url = f"/api/v1/messages/{message.pk}/replay"
+    body = assert_problem(operator_api.post(url, {"body_base64": "%%%"}), 400, "invalid")
+    assert body["errors"] == {"body_base64": ["Not valid base64."]}
+    body = assert_problem(operator_api.post(url, {"headers": {"big": 2**70}}), 400, "invalid")
+    assert list(body["errors"]) == ["headers"]
+    key = operator_api.post(url, {}, headers={"Idempotency-Key": "x" * 256})
+    assert list(assert_problem(key, 400, "invalid")["errors"]) == ["Idempotency-Key"]
+
+
+def test_flatten_errors_dots_nested_fields_and_keeps_non_field_errors():
+    detail = ValidationError(
+        {"target": {"exchange": ["Required."]}, "message_ids": {1: ["Not a number."]}}
+    ).detail
+    assert flatten_errors(detail) == {
+        "target.exchange": ["Required."],
+        "message_ids.1": ["Not a number."],
+    }
+    assert flatten_errors(ValidationError(["Pick one."]).detail) == {
+        "non_field_errors": ["Pick one."]
+    }
+
+
+def test_an_unexpected_exception_is_a_logged_500_problem(caplog):
+    request = RequestFactory().get("/api/v1/messages")
+    response = exception_handler(RuntimeError("boom"), {"request": request})
+    assert response.status_code == 500
+    assert response.data["code"] == "server_error" and "boom" not in response.data["detail"]
+    assert "boom" in caplog.text
+
+
+def test_django_level_404_and_500_are_problems_under_api_only():
+    factory = RequestFactory()
+    api_404 = handler404(factory.get("/api/v2/x"), None)
+    assert api_404.status_code == 404 and api_404["Content-Type"] == PROBLEM
+    assert handler500(factory.get("/api/v1/x"))["Content-Type"] == PROBLEM
+    assert handler404(factory.get("/messages/x"), None)["Content-Type"].startswith("text/html")

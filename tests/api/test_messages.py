@@ -1,0 +1,156 @@
+"""messages: filters, cursor pages, detail, and replay with targets and edits on the real broker."""
+
+import base64
+import datetime
+
+import pika
+import pytest
+from django.utils import timezone
+
+from recovery.models import Activity, Message
+from tests.api.conftest import make_message
+from tests.conftest import make_user
+
+
+@pytest.fixture
+def viewer_api(api_as, db):
+    return api_as(make_user("v", "viewer"))
+
+
+@pytest.fixture
+def operator_api(api_as, db):
+    return api_as(make_user("o", "operator"))
+
+
+@pytest.fixture
+def app_queue(amqp):
+    """A real application queue in the session vhost, empty."""
+    name = "api.app.q"
+    amqp.queue_declare(name, durable=True)
+    amqp.queue_purge(name)
+    yield name
+
+
+def drain(channel, queue):
+    messages = []
+    while True:
+        method, properties, body = channel.basic_get(queue, auto_ack=True)
+        if method is None:
+            return messages
+        messages.append((properties, body))
+
+
+def test_filters_and_the_q_search(viewer_api):
+    now = timezone.now()
+    old = make_message(source_queue="a", collected_at=now - datetime.timedelta(days=2))
+    new = make_message(source_queue="a", kind="unroutable", reason="no_route")
+    other = make_message(source_queue="b", source_exchange="orders", message_id="order-42")
+
+    def ids(**params):
+        response = viewer_api.get("/api/v1/messages", params)
+        assert response.status_code == 200, response.content
+        return [row["id"] for row in response.json()["results"]]
+
+    assert ids(queue="a") == [new.pk, old.pk]
+    assert ids(kind="unroutable") == [new.pk]
+    assert ids(reason="rejected", queue="a") == [old.pk]
+    assert ids(exchange="orders") == [other.pk]
+    assert ids(status="pending", queue="b") == [other.pk]
+    assert ids(since=(now - datetime.timedelta(days=1)).isoformat(), queue="a") == [new.pk]
+    assert ids(until=(now - datetime.timedelta(days=1)).isoformat()) == [old.pk]
+    assert ids(q="order-42") == [other.pk]
+
+
+def test_cursor_pages_walk_every_message_once(viewer_api):
+    made = [make_message(source_queue="paged").pk for _ in range(7)]
+    seen, url, params = [], "/api/v1/messages", {"queue": "paged", "page_size": 3}
+    while url:
+        page = viewer_api.get(url, params).json()
+        seen += [row["id"] for row in page["results"]]
+        url, params = page["next"], None
+    assert seen == sorted(made, reverse=True)
+
+
+def test_detail_carries_body_headers_and_properties(viewer_api):
+    message = make_message(headers={"x-n": 1, "price": {"$t": "decimal", "v": "1.50"}})
+    body = viewer_api.get(f"/api/v1/messages/{message.pk}").json()
+    assert base64.b64decode(body["body_base64"]) == message.body_bytes
+    assert body["body_text"] == message.body_bytes.decode()
+    assert body["headers"]["price"] == {"$t": "decimal", "v": "1.50"}
+    assert body["properties"]["content_type"] == "application/json"
+
+
+def test_replay_goes_back_to_the_queue_it_died_in(operator_api, amqp, app_queue):
+    message = make_message(source_queue=app_queue, headers={"x-death": [], "keep": "me"})
+    response = operator_api.post(f"/api/v1/messages/{message.pk}/replay")
+    assert response.status_code == 200, response.content
+    assert response.json()["outcome"] == "confirmed"
+    assert response.json()["message"]["status"] == "replayed"
+    [(properties, body)] = drain(amqp, app_queue)
+    assert body == message.body_bytes
+    assert properties.headers["keep"] == "me" and "x-death" not in properties.headers
+    assert properties.headers["x-recovery-replayed-by"] == "o"
+    assert Activity.objects.get(action="replay").via == "api"
+
+
+def test_replay_with_a_target_queue_and_edits(operator_api, amqp, app_queue):
+    message = make_message(source_queue="somewhere.else", headers={"old": 1})
+    response = operator_api.post(
+        f"/api/v1/messages/{message.pk}/replay",
+        {"queue": app_queue, "headers": {"fixed": True}, "body_text": '{"n": "fixed"}'},
+    )
+    assert response.status_code == 200, response.content
+    assert response.json()["edited"] is True
+    [(properties, body)] = drain(amqp, app_queue)
+    assert body == b'{"n": "fixed"}'
+    assert properties.headers["fixed"] is True and "old" not in properties.headers
+    message.refresh_from_db()
+    assert message.body_bytes != body  # the stored original is kept
+
+
+def test_replay_to_nowhere_is_returned_and_stays_pending(operator_api, wired):
+    message = make_message(source_queue="no.such.queue.anywhere")
+    response = operator_api.post(f"/api/v1/messages/{message.pk}/replay")
+    assert response.status_code == 200
+    assert response.json()["outcome"] == "returned"
+    message.refresh_from_db()
+    assert message.status == "pending" and "NO_ROUTE" in message.status_reason
+
+
+def test_replay_of_a_message_being_replayed_is_409(operator_api, wired):
+    message = make_message(status="replaying")
+    response = operator_api.post(f"/api/v1/messages/{message.pk}/replay")
+    assert response.status_code == 409 and response.json()["code"] == "not_replayable"
+    assert Message.objects.get(pk=message.pk).status == "replaying"
+
+
+def test_replay_body_must_be_one_of_text_or_base64(operator_api, wired):
+    message = make_message()
+    response = operator_api.post(
+        f"/api/v1/messages/{message.pk}/replay", {"body_text": "a", "body_base64": "YQ=="}
+    )
+    assert response.status_code == 400 and "body_text" in response.json()["errors"]
+
+
+def test_broker_unreachable_is_503_and_nothing_changes(operator_api, wired, settings):
+    from tests.faults import TcpProxy
+
+    message = make_message()
+    with TcpProxy(5672) as proxy:
+        proxy.refusing = True
+        settings.RABBITMQ_URL = settings.RABBITMQ_URL.replace(":5672", f":{proxy.port}")
+        response = operator_api.post(f"/api/v1/messages/{message.pk}/replay")
+    assert response.status_code == 503 and response.json()["code"] == "broker_unavailable"
+    message.refresh_from_db()
+    assert message.status == "pending" and message.replay_count == 0
+
+
+def test_messages_from_amqp_properties_survive_the_round_trip(operator_api, amqp, app_queue):
+    message = make_message(
+        source_queue=app_queue,
+        properties={"message_id": "keep-id", "correlation_id": "c-1", "delivery_mode": 2},
+    )
+    operator_api.post(f"/api/v1/messages/{message.pk}/replay")
+    [(properties, _)] = drain(amqp, app_queue)
+    assert isinstance(properties, pika.BasicProperties)
+    assert (properties.message_id, properties.correlation_id) == ("keep-id", "c-1")

@@ -1,0 +1,130 @@
+"""Role × endpoint matrix: every operation, every persona, the exact status — and a refused
+POST changes nothing.
+
+Roles are the console's: viewer reads, operator also acts on messages and jobs, admin also
+manages tokens. ``ENDPOINTS`` must list every operation of the schema (checked below), so a new
+endpoint cannot ship without its row.
+"""
+
+import pytest
+import yaml
+
+from recovery.models import ApiToken, Message, ReplayAttempt, Role
+from tests.api.conftest import make_audit, make_message
+from tests.conftest import make_user
+
+VIEWER, OPERATOR, ADMIN = Role.VIEWER, Role.OPERATOR, Role.ADMIN
+ORDER = [None, VIEWER, OPERATOR, ADMIN]
+
+# (method, path, minimum role, status when allowed, request body)
+ENDPOINTS = [
+    ("GET", "/api/v1/messages", VIEWER, 200, None),
+    ("GET", "/api/v1/messages/{message}", VIEWER, 200, None),
+    ("POST", "/api/v1/messages/{message}/replay", OPERATOR, 200, {}),
+    ("GET", "/api/v1/groups", VIEWER, 200, None),
+    ("GET", "/api/v1/stats", VIEWER, 200, None),
+    ("GET", "/api/v1/audits", VIEWER, 200, None),
+    ("GET", "/api/v1/audits/{audit}", VIEWER, 200, None),
+    ("GET", "/api/v1/audits/{audit}/evidence", VIEWER, 200, None),
+    ("GET", "/api/v1/tokens", ADMIN, 200, None),
+    ("POST", "/api/v1/tokens/{token}/revoke", ADMIN, 200, None),
+    ("GET", "/api/v1/me", VIEWER, 200, None),
+]
+PERSONAS = ["anonymous", "no-role", "viewer", "operator", "admin"]
+
+
+def persona_user(persona):
+    if persona == "anonymous":
+        return None
+    role = None if persona == "no-role" else Role(persona)
+    return make_user(f"p-{persona}", role)
+
+
+def allowed(persona, minimum):
+    role = None if persona in ("anonymous", "no-role") else Role(persona)
+    return ORDER.index(role) >= ORDER.index(minimum)
+
+
+@pytest.fixture
+def objects(wired):
+    owner = make_user("token-owner", VIEWER)
+    return {
+        "message": make_message(source_queue="matrix.q"),
+        "audit": make_audit(),
+        "token": ApiToken.issue(owner)[0],
+    }
+
+
+def state(objects):
+    """What a refused request must not have changed."""
+    message = Message.objects.get(pk=objects["message"].pk)
+    token = ApiToken.objects.get(pk=objects["token"].pk)
+    return (
+        message.status,
+        message.replay_count,
+        ReplayAttempt.objects.count(),
+        token.revoked_at,
+    )
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("persona", PERSONAS)
+@pytest.mark.parametrize(
+    "method,path,minimum,ok_status,body", ENDPOINTS, ids=[f"{m} {p}" for m, p, *_ in ENDPOINTS]
+)
+def test_role_matrix(api_as, objects, persona, method, path, minimum, ok_status, body):
+    client = api_as(persona_user(persona))
+    url = path.format(**{name: obj.pk for name, obj in objects.items()})
+    before = state(objects)
+    response = client.request(method, url, body)
+    if persona == "anonymous":
+        assert response.status_code == 401, response.content
+        assert response["WWW-Authenticate"] == "Token"
+    elif not allowed(persona, minimum):
+        assert response.status_code == 403, response.content
+    else:
+        assert response.status_code == ok_status, response.content
+    if response.status_code >= 400:
+        assert response["Content-Type"] == "application/problem+json"
+        assert response.json()["status"] == response.status_code
+        assert state(objects) == before
+
+
+@pytest.mark.django_db
+def test_the_matrix_covers_every_operation_in_the_schema(client):
+    schema = yaml.safe_load(client.get("/api/schema/").content)
+    documented = {
+        (method.upper(), path)
+        for path, operations in schema["paths"].items()
+        for method in operations
+        if method in ("get", "post", "put", "patch", "delete")
+    }
+    in_matrix = {
+        (
+            method,
+            path.replace("{message}", "{id}").replace("{audit}", "{id}").replace("{token}", "{id}"),
+        )
+        for method, path, *_ in ENDPOINTS
+    }
+    assert documented == in_matrix
+
+
+@pytest.mark.django_db
+def test_an_inactive_users_token_is_refused(api_as, objects):
+    user = make_user("gone", ADMIN)
+    client = api_as(user)
+    user.is_active = False
+    user.save()
+    assert client.get("/api/v1/me").status_code == 401
+
+
+@pytest.mark.django_db
+def test_a_role_change_applies_to_existing_tokens_at_once(api_as):
+    from recovery.models import set_role
+
+    user = make_user("demoted", OPERATOR)
+    client = api_as(user)
+    assert client.get("/api/v1/me").json()["role"] == "operator"
+    set_role(user, VIEWER)
+    message = make_message()
+    assert client.post(f"/api/v1/messages/{message.pk}/replay").status_code == 403
