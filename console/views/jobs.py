@@ -61,11 +61,11 @@ def _selection_summary(form):
 @require_http_methods(["GET", "POST"])
 def job_new(request):
     """The job form. GET with ``preview`` runs a dry run; POST (operators) starts the job."""
+    if request.method == "POST" and not has_role(request.user, Role.OPERATOR):
+        raise PermissionDenied("requires the operator role")
     from recovery.jobs import create_job, dry_run
 
     if request.method == "POST":
-        if not has_role(request.user, Role.OPERATOR):
-            raise PermissionDenied("requires the operator role")
         form = JobForm(request.POST)
         if form.is_valid():
             try:

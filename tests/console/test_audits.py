@@ -1,0 +1,109 @@
+"""Audit pages: runs, a report with per-hour charts and badges, and the evidence drill-down."""
+
+import datetime
+import json
+import re
+
+import pytest
+
+from recovery.models import AuditEvidence, AuditRun, AuditWindow
+from tests.console.conftest import make_message
+
+pytestmark = pytest.mark.django_db
+
+HOUR = datetime.datetime(2026, 11, 20, 10, tzinfo=datetime.UTC)
+
+
+def make_run():
+    run = AuditRun.objects.create(
+        date=HOUR.date(),
+        status="succeeded",
+        finality="PROVISIONAL",
+        totals={"distinct_published": 100, "lost": 2, "dup_msgs": 3},
+    )
+    for hour, group, exchange, lost, p95, status in [
+        (HOUR, "billing", "orders", 1, 40, "FINAL"),
+        (HOUR, "billing", "refunds", 1, 90, "FINAL"),
+        (HOUR, "shipping", "orders", 0, 30, "FINAL"),
+        (HOUR + datetime.timedelta(hours=1), "billing", "orders", None, 55, "PROVISIONAL"),
+    ]:
+        AuditWindow.objects.create(
+            run=run,
+            window_start=hour,
+            exchange=exchange,
+            consumer_group=group,
+            status=status,
+            metrics={"lost": lost, "dup_msgs": 1, "latency_p95_ms": p95},
+        )
+    return run
+
+
+def chart(html, element_id):
+    match = re.search(rf'<script id="{element_id}" type="application/json">(.*?)</script>', html)
+    return json.loads(match.group(1))
+
+
+def test_the_run_list_shows_status_finality_and_totals(client, viewer):
+    run = make_run()
+    client.force_login(viewer)
+    html = client.get("/audits/").content.decode()
+    assert f'href="/audits/{run.pk}/"' in html
+    assert "PROVISIONAL" in html and "succeeded" in html
+
+
+def test_the_report_charts_loss_duplicates_and_latency_per_group(client, viewer):
+    run = make_run()
+    client.force_login(viewer)
+
+    html = client.get(f"/audits/{run.pk}/").content.decode()
+
+    lost = chart(html, "chart-lost-data")
+    assert lost["labels"] == ["10:00", "11:00"]
+    assert {d["label"]: d["data"] for d in lost["datasets"]} == {
+        "billing": [2, 0],
+        "shipping": [0, 0],
+    }
+    latency = {d["label"]: d["data"] for d in chart(html, "chart-latency-data")["datasets"]}
+    assert latency == {"billing": [90, 55], "shipping": [30, None]}  # worst exchange's p95
+    assert 'class="badge final"' in html and 'class="badge provisional"' in html
+    assert "distinct_published" in html
+
+
+def test_evidence_links_to_stored_messages_or_a_search(client, viewer):
+    run = make_run()
+    stored = make_message(message_id="lost-1")
+    AuditEvidence.objects.create(
+        run=run,
+        kind="lost",
+        message_id="lost-1",
+        store_id=stored.pk,
+        window_start=HOUR,
+        exchange="orders",
+        consumer_group="billing",
+    )
+    AuditEvidence.objects.create(
+        run=run,
+        kind="lost",
+        message_id="lost-2",
+        store_id=None,
+        window_start=HOUR,
+        exchange="orders",
+        consumer_group="billing",
+    )
+    AuditEvidence.objects.create(run=run, kind="duplicate", message_id="dup-1", window_start=HOUR)
+    client.force_login(viewer)
+
+    report = client.get(f"/audits/{run.pk}/").content.decode()
+    assert f'href="/audits/{run.pk}/evidence?kind=lost">2 lost' in report
+
+    response = client.get(f"/audits/{run.pk}/evidence", {"kind": "lost"})
+    html = response.content.decode()
+    assert [e.message_id for e in response.context["rows"]] == ["lost-1", "lost-2"]
+    assert f'href="/messages/{stored.pk}/"' in html
+    assert 'href="/messages/?q=lost-2"' in html
+
+    window = client.get(
+        f"/audits/{run.pk}/evidence",
+        {"window": "2026-11-20 10:00:00", "exchange": "orders", "consumer_group": "billing"},
+    )
+    assert len(window.context["rows"]) == 2

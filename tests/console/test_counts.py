@@ -1,0 +1,112 @@
+"""MessageCount, the trigger-kept rollup the overview and failure groups read, stays exact."""
+
+import datetime
+
+import pika
+import psycopg
+import pytest
+from django.db import connection
+from django.db.models import Count, Sum
+from django.utils import timezone
+
+from recovery.collector import database_conninfo
+from recovery.ingest import store_rows
+from recovery.models import Message, MessageCount
+from tests.console.conftest import make_message
+
+pytestmark = pytest.mark.django_db
+
+KEY = ["vhost", "kind", "source_queue", "source_exchange", "reason", "status", "group_key"]
+
+
+def rollup():
+    rows = MessageCount.objects.values(*KEY).annotate(total=Sum("n")).filter(total__gt=0)
+    return {tuple(r[k] for k in KEY): r["total"] for r in rows}
+
+
+def recount():
+    rows = Message.objects.values(*KEY).annotate(total=Count("id")).order_by()
+    return {tuple(r[k] for k in KEY): r["total"] for r in rows}
+
+
+def test_it_counts_inserts_status_changes_and_deletes():
+    first = make_message(source_queue="a")
+    make_message(source_queue="a")
+    make_message(source_queue="b", reason="expired", kind="dead_letter")
+    assert rollup() == recount()
+
+    Message.objects.filter(pk=first.pk).update(status="replayed")
+    Message.objects.filter(source_queue="b").update(status="discarded")
+    assert rollup() == recount()
+
+    Message.objects.filter(source_queue="a").delete()
+    assert rollup() == recount()
+
+
+def test_an_update_that_changes_no_counted_column_adds_no_rows():
+    message = make_message()
+    before = MessageCount.objects.count()
+    Message.objects.filter(pk=message.pk).update(updated_at=timezone.now(), status_reason="x")
+    assert MessageCount.objects.count() == before
+
+
+def test_it_buckets_by_utc_hour_of_collection():
+    when = datetime.datetime(2026, 3, 1, 10, 59, 59, tzinfo=datetime.UTC)
+    make_message(collected_at=when)
+    make_message(collected_at=when + datetime.timedelta(seconds=1))
+    hours = dict(MessageCount.objects.values_list("hour").annotate(total=Sum("n")).order_by("hour"))
+    assert hours == {
+        datetime.datetime(2026, 3, 1, 10, tzinfo=datetime.UTC): 1,
+        datetime.datetime(2026, 3, 1, 11, tzinfo=datetime.UTC): 1,
+    }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_collectors_copy_path_is_counted_even_in_another_session_time_zone():
+    """The collector writes with psycopg COPY + INSERT … SELECT on its own connection."""
+    from recovery.ingest import delivery_to_row
+
+    props = pika.BasicProperties(
+        message_id="copy-1", headers={"x-death": [{"queue": "q1", "reason": "rejected"}]}
+    )
+    rows = [
+        delivery_to_row("/", "recovery.dead_letters", "recovery.dlx", "q1", props, b"one"),
+        delivery_to_row("/", "recovery.dead_letters", "recovery.dlx", "q1", props, b"two"),
+    ]
+    with psycopg.connect(database_conninfo(), autocommit=True) as pg:
+        pg.execute("SET TIME ZONE 'Asia/Kolkata'")  # a half-hour offset would shift the buckets
+        assert store_rows(pg, rows) == 2
+        assert store_rows(pg, rows) == 0  # redelivery: nothing new, nothing counted
+    assert rollup() == recount()
+    [hour] = MessageCount.objects.values_list("hour", flat=True).distinct()
+    assert (hour.minute, hour.second) == (0, 0)
+
+
+def test_compact_folds_deltas_and_keeps_the_sums():
+    messages = [make_message(source_queue="c") for _ in range(5)]
+    for m in messages[:3]:
+        Message.objects.filter(pk=m.pk).update(status="replayed")
+    rows_before = MessageCount.objects.count()
+    expected = rollup()
+
+    removed = MessageCount.compact()
+
+    assert removed > 0
+    assert MessageCount.objects.count() == rows_before - removed
+    assert rollup() == expected == recount()
+    assert not MessageCount.objects.filter(n=0).exists()
+    assert MessageCount.compact() == 0  # nothing left to fold
+
+
+def test_rebuild_recounts_from_the_messages():
+    make_message()
+    make_message(status="poisoned")
+    with connection.cursor() as cur:
+        cur.execute(
+            "INSERT INTO recovery_messagecount (hour, vhost, kind, source_queue, "
+            "source_exchange, reason, status, group_key, n) "
+            "VALUES (now(), '/', 'dead_letter', 'ghost', '', 'rejected', 'pending', 'g', 7)"
+        )
+    assert rollup() != recount()
+    MessageCount.rebuild()
+    assert rollup() == recount()

@@ -1,0 +1,56 @@
+"""Production settings pass `manage.py check --deploy` with nothing to report."""
+
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PRODUCTION = {
+    "SECRET_KEY": secrets.token_urlsafe(50),
+    "DEBUG": "false",
+    "ALLOWED_HOSTS": "lazarus.example.com",
+    "SECURE_SSL_REDIRECT": "true",
+    "SECURE_HSTS_SECONDS": "31536000",
+    "SECURE_HSTS_INCLUDE_SUBDOMAINS": "true",
+    "SECURE_HSTS_PRELOAD": "true",
+}
+
+
+def check_deploy(**env):
+    base = {k: v for k, v in os.environ.items() if k not in PRODUCTION}
+    return subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=ROOT,
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_production_settings_pass_the_deploy_check():
+    result = check_deploy(**PRODUCTION)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no issues" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("missing", "check_id"),
+    [("SECRET_KEY", "lazarus.E001"), ("SECURE_HSTS_SECONDS", "security.W004")],
+)
+def test_it_fails_without_a_production_setting(missing, check_id):
+    env = {k: v for k, v in PRODUCTION.items() if k != missing}
+    result = check_deploy(**env)
+    assert result.returncode != 0
+    assert check_id in result.stdout + result.stderr
+
+
+def test_debug_true_fails_the_deploy_check():
+    result = check_deploy(**{**PRODUCTION, "DEBUG": "true"})
+    assert result.returncode != 0
+    assert "security.W018" in result.stdout + result.stderr

@@ -1,0 +1,54 @@
+"""Failure groups: counts per group from the rollup, exact first/last seen, replay links."""
+
+import datetime
+
+import pytest
+from django.utils import timezone
+
+from recovery.models import Message
+from tests.console.conftest import make_message
+
+pytestmark = pytest.mark.django_db
+
+
+def test_it_lists_groups_with_counts_and_first_last_seen(client, operator):
+    now = timezone.now().replace(microsecond=0)
+    oldest = now - datetime.timedelta(days=2, minutes=7)
+    make_message(source_queue="orders", reason="rejected", group_key="g1", collected_at=oldest)
+    make_message(source_queue="orders", reason="rejected", group_key="g1", collected_at=now)
+    replayed = make_message(source_queue="orders", reason="rejected", group_key="g1")
+    Message.objects.filter(pk=replayed.pk).update(status="replayed")
+    make_message(source_queue="pay", reason="expired", group_key="g2", group_label="pay · expired")
+    client.force_login(operator)
+
+    response = client.get("/groups/")
+
+    groups = {g["group_key"]: g for g in response.context["groups"]}
+    assert (groups["g1"]["open"], groups["g1"]["replayed"], groups["g1"]["total"]) == (2, 1, 3)
+    assert groups["g1"]["first"] == oldest
+    assert groups["g2"]["label"] == "pay · expired"
+    assert [g["group_key"] for g in response.context["groups"]] == ["g1", "g2"]  # most open first
+    html = response.content.decode()
+    assert 'href="/jobs/new?group=g1"' in html
+    assert 'href="/messages/?group=g1"' in html
+
+
+def test_it_filters_groups(client, viewer):
+    make_message(source_queue="orders", reason="rejected", group_key="g1")
+    done = make_message(source_queue="pay", reason="expired", group_key="g2")
+    Message.objects.filter(pk=done.pk).update(status="discarded")
+    client.force_login(viewer)
+
+    by_queue = client.get("/groups/", {"queue": "pay"}).context["groups"]
+    open_only = client.get("/groups/", {"open_only": "on"}).context["groups"]
+
+    assert [g["group_key"] for g in by_queue] == ["g2"]
+    assert [g["group_key"] for g in open_only] == ["g1"]
+    assert "Replay group" not in client.get("/groups/").content.decode()  # a viewer
+
+
+def test_a_group_whose_messages_are_gone_is_not_listed(client, viewer):
+    message = make_message(group_key="gone")
+    Message.objects.filter(pk=message.pk).delete()
+    client.force_login(viewer)
+    assert client.get("/groups/").context["groups"] == []

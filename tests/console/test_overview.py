@@ -1,0 +1,101 @@
+"""The overview: counts from the rollup, trend charts as JSON data, recent activity."""
+
+import datetime
+import json
+import re
+
+import pytest
+from django.utils import timezone
+
+from recovery.models import Activity, Message
+from tests.console.conftest import make_message
+
+pytestmark = pytest.mark.django_db
+
+
+def chart_data(html, element_id):
+    match = re.search(rf'<script id="{element_id}" type="application/json">(.*?)</script>', html)
+    assert match, f"no json_script {element_id}"
+    return json.loads(match.group(1))
+
+
+def test_it_counts_by_kind_reason_and_source(client, viewer):
+    make_message(source_queue="orders", reason="rejected")
+    make_message(source_queue="orders", reason="expired")
+    replayed = make_message(source_queue="payments", reason="rejected")
+    Message.objects.filter(pk=replayed.pk).update(status="replayed")
+    make_message(kind="unroutable", source_queue="", source_exchange="shop", reason="no_route")
+    client.force_login(viewer)
+
+    response = client.get("/")
+
+    ctx = response.context
+    assert ctx["total"] == 4 and ctx["open"] == 3
+    assert {r["name"]: (r["open"], r["total"]) for r in ctx["by_kind"]} == {
+        "dead_letter": (2, 3),
+        "unroutable": (1, 1),
+    }
+    assert {r["name"]: r["total"] for r in ctx["by_reason"]} == {
+        "rejected": 2,
+        "expired": 1,
+        "no_route": 1,
+    }
+    sources = {(s["queue"], s["exchange"]): (s["open"], s["total"]) for s in ctx["sources"]}
+    assert sources[("orders", "shop")] == (2, 2)
+    assert sources[("payments", "shop")] == (0, 1)
+    assert sources[("", "shop")] == (1, 1)
+    html = response.content.decode()
+    assert 'href="/messages/?queue=orders&amp;vhost=%2F"' in html
+
+
+def test_the_trend_charts_put_messages_in_their_hour_and_day(client, viewer):
+    now = timezone.now()
+    make_message(collected_at=now)
+    make_message(collected_at=now)
+    make_message(collected_at=now - datetime.timedelta(hours=3), kind="returned", reason="nack")
+    make_message(collected_at=now - datetime.timedelta(days=3))
+    make_message(collected_at=now - datetime.timedelta(days=30))  # outside both charts
+    client.force_login(viewer)
+
+    html = client.get("/").content.decode()
+
+    day = chart_data(html, "trend-24h-data")
+    assert len(day["labels"]) == 24
+    series = {d["label"]: d["data"] for d in day["datasets"]}
+    assert series["dead_letter"][-1] == 2
+    assert series["returned"][-4] == 1
+    assert sum(series["dead_letter"]) == 2
+    week = chart_data(html, "trend-7d-data")
+    assert len(week["labels"]) == 7
+    assert sum(sum(d["data"]) for d in week["datasets"]) == 4
+    assert 'data-chart="trend-24h-data"' in html
+
+
+def test_it_has_no_inline_script_or_style(client, viewer):
+    make_message()
+    client.force_login(viewer)
+    html = client.get("/").content.decode()
+    for tag in re.findall(r"<script[^>]*>", html):
+        assert "src=" in tag or 'type="application/json"' in tag, tag
+    assert "<style" not in html and " style=" not in html
+    assert "onclick" not in html
+
+
+def test_it_lists_recent_activity_with_links(client, viewer, operator):
+    message = make_message()
+    Activity.objects.create(user=operator, action="replay", message=message, detail={"x": 1})
+    client.force_login(viewer)
+    html = client.get("/").content.decode()
+    assert f'href="/messages/{message.pk}/"' in html and "otto" in html
+
+
+def test_the_live_fragment_reports_broker_and_collector(client, viewer, wired):
+    client.force_login(viewer)
+    response = client.get("/overview/live", HTTP_HX_REQUEST="true")
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert "<html" not in html  # the fragment only
+    assert "recovery.dead_letters" in html
+    assert 'id="collector-down"' in html  # no collector threads in this test
+    full = client.get("/overview/live").content.decode()
+    assert "<html" in full  # and a page of its own without JavaScript
