@@ -273,6 +273,35 @@ COLLECTOR_PREFETCH_BYTES = env_int("COLLECTOR_PREFETCH_BYTES", 64 * 1024 * 1024,
 REPLAY_CONFIRM_TIMEOUT_SECONDS = env_float("REPLAY_CONFIRM_TIMEOUT_SECONDS", 30.0)
 POISON_THRESHOLD = env_int("POISON_THRESHOLD", 3, minimum=1)
 RETENTION_DAYS = env_int("RETENTION_DAYS", 30, minimum=1)
+# Bulk replay engine (recovery/replay/, bench/replay.py).
+# Publishes awaiting their confirm at once per job, which is also the most messages a crash or a
+# force-closed connection can duplicate (they are resent). Bigger = faster on a slow link.
+REPLAY_WINDOW = env_int("REPLAY_WINDOW", 1000, minimum=1)
+# Messages claimed from the database per round trip.
+REPLAY_CLAIM_BATCH = env_int("REPLAY_CLAIM_BATCH", 500, minimum=1)
+# A job whose runner has not renewed its lease for this long is taken over by another worker
+# (after a crash or kill -9); `recovery.tasks.resume_stalled_jobs` looks every SWEEP seconds.
+REPLAY_LEASE_SECONDS = env_float("REPLAY_LEASE_SECONDS", 30.0)
+REPLAY_STALL_SWEEP_SECONDS = env_float("REPLAY_STALL_SWEEP_SECONDS", 15.0)
+
+
+def env_seconds_list(name, default):
+    values = env_list(name, [str(v) for v in default])
+    if not values or not all(v.isdigit() and int(v) > 0 for v in values):
+        raise ImproperlyConfigured(f"{name} must list positive whole seconds, like 10,60,600")
+    return sorted({int(v) for v in values})
+
+
+# Delayed retries: the allowed delays (seconds) and the name prefix of their TTL + DLX queues
+# (recovery.delay.10s, recovery.delay.1m, ...), declared on first use.
+REPLAY_DELAYS = env_seconds_list("REPLAY_DELAYS", [10, 60, 600])
+REPLAY_DELAY_PREFIX = env_str("REPLAY_DELAY_PREFIX", "recovery.delay")
+# Job safety defaults (a job may set its own): canary pass mark and circuit-breaker threshold
+# in % of replayed messages that come back dead-lettered; 0 turns the breaker off by default.
+REPLAY_CANARY_MAX_FAILURE_PCT = env_float("REPLAY_CANARY_MAX_FAILURE_PCT", 10.0)
+REPLAY_BREAKER_THRESHOLD_PCT = env_float("REPLAY_BREAKER_THRESHOLD_PCT", 50.0)
+# The breaker judges only after this many replayed messages (a few early deaths are noise).
+REPLAY_BREAKER_MIN_SAMPLE = env_int("REPLAY_BREAKER_MIN_SAMPLE", 20, minimum=1)
 
 # Audit (spark/).
 AUDIT_PRODUCER_LOGS = env_str("AUDIT_PRODUCER_LOGS", str(BASE_DIR / "var" / "logs" / "producer"))
