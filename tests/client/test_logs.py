@@ -88,3 +88,12 @@ def test_two_writers_in_one_process_share_one_file(tmp_path):
     b.close()
     [path] = tmp_path.rglob("*.jsonl")
     assert len(path.read_text().splitlines()) == 3
+
+
+def test_the_client_library_imports_without_django():
+    import subprocess
+    import sys
+
+    code = "import sys, recovery.client; assert 'django' not in sys.modules, 'django imported'"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
