@@ -78,6 +78,13 @@ def set_role(user, role):
     user.groups.add(next(g for g in groups if g.name == role.value))
 
 
+def default_target_of(kind, source_queue, source_exchange, routing_keys):
+    """Message.default_target for raw column values (bulk replay reads rows, not models)."""
+    if kind == Kind.DEAD_LETTER and source_queue:
+        return "", source_queue
+    return source_exchange, (routing_keys[0] if routing_keys else "")
+
+
 class Message(models.Model):
     kind = models.CharField(max_length=16, choices=Kind.choices)
     vhost = models.CharField(max_length=255, default="/")
@@ -159,10 +166,9 @@ class Message(models.Model):
         is never re-fanned to queues that already consumed it. Unroutable and returned messages go
         back to their original exchange and routing key.
         """
-        if self.kind == Kind.DEAD_LETTER and self.source_queue:
-            return "", self.source_queue
-        routing_key = self.routing_keys[0] if self.routing_keys else ""
-        return self.source_exchange, routing_key
+        return default_target_of(
+            self.kind, self.source_queue, self.source_exchange, self.routing_keys
+        )
 
 
 class ReplayAttempt(models.Model):

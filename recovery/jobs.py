@@ -1,0 +1,468 @@
+"""Bulk replay jobs: make one (validated), preview it (dry run), cancel, resume, keep them running.
+
+``create_job`` fixes *what* a job replays (a filter, an id list or a failure group, and only
+messages collected before the job was made: a message that dies again during the job is not
+picked up by it), *where* (``recovery.replay.targets``), *how fast* and *how safely* (canary,
+circuit breaker). A Celery task (``recovery.tasks.run_replay_job``) runs it with
+``recovery.replay.runner.JobRunner``; ``resume_stalled_jobs`` (Celery beat) restarts the jobs whose
+runner died.
+
+Which statuses a job sends: ``pending`` always; ``poisoned`` only with ``include_poisoned``;
+``replayed`` only when asked explicitly (an id list, or the filter ``status=replayed``).
+"""
+
+import logging
+import math
+from datetime import timedelta
+
+from django.conf import settings
+from django.core.exceptions import NON_FIELD_ERRORS, PermissionDenied, ValidationError
+from django.db import transaction
+from django.db.models import Count, Q
+from django.utils import timezone
+
+from recovery.filters import MessageFilterForm, apply_filters
+from recovery.models import Activity, Message, ReplayJob, ReplayJobItem, Role, Status, has_role
+from recovery.replay.one import StateError
+from recovery.replay.targets import validate_target
+
+log = logging.getLogger(__name__)
+
+VIAS = ("console", "api", "system")
+MAX_MESSAGE_IDS = 100_000
+# A queued job whose task has not started for this many leases is enqueued again (its task
+# message may be lost); a running one as soon as its lease is stale.
+QUEUED_PATIENCE_LEASES = 10
+ACTIVE = (ReplayJob.State.QUEUED, ReplayJob.State.RUNNING, ReplayJob.State.PAUSED)
+
+
+# ---- selection -------------------------------------------------------------------------------
+
+
+def _clean_filters(filters):
+    """The stored (JSON) filters -> cleaned form data; ValidationError on the field ``filters``."""
+    if filters is None:
+        return None
+    if not isinstance(filters, dict):
+        raise ValidationError({"filters": "filters must be an object of filter names to values"})
+    form = MessageFilterForm(data=filters)
+    unknown = sorted(set(filters) - set(form.fields))
+    if unknown:
+        raise ValidationError(
+            {"filters": f"unknown filter(s): {', '.join(unknown)}; known: {', '.join(form.fields)}"}
+        )
+    if not form.is_valid():
+        raise ValidationError(
+            {
+                "filters": [
+                    f"{field}: {message}"
+                    for field, messages in form.errors.items()
+                    for message in messages
+                ]
+            }
+        )
+    return form
+
+
+def _clean_ids(message_ids):
+    if message_ids is None:
+        return None
+    if isinstance(message_ids, str | bytes) or not hasattr(message_ids, "__iter__"):
+        raise ValidationError({"message_ids": "a list of message ids"})
+    ids = []
+    for value in message_ids:
+        if isinstance(value, bool) or not str(value).strip().isdigit() or int(value) < 1:
+            raise ValidationError({"message_ids": f"{value!r} is not a message id"})
+        ids.append(int(value))
+    ids = list(dict.fromkeys(ids))
+    if not ids:
+        raise ValidationError({"message_ids": "no message ids given"})
+    if len(ids) > MAX_MESSAGE_IDS:
+        raise ValidationError(
+            {"message_ids": f"at most {MAX_MESSAGE_IDS} ids; use a filter for more"}
+        )
+    return ids
+
+
+def allowed_statuses(filter_status, message_ids, include_poisoned):
+    statuses = [Status.PENDING.value]
+    if include_poisoned:
+        statuses.append(Status.POISONED.value)
+    if message_ids or filter_status == Status.REPLAYED:
+        statuses.append(Status.REPLAYED.value)
+    if filter_status in (Status.DISCARDED, Status.REPLAYING):
+        raise ValidationError(
+            {"filters": f"status={filter_status}: such messages are not replayed by jobs"}
+        )
+    if filter_status == Status.POISONED and not include_poisoned:
+        raise ValidationError(
+            {
+                "include_poisoned": "status=poisoned selects only poisoned messages; set "
+                "include_poisoned to replay them anyway"
+            }
+        )
+    return statuses
+
+
+def _selection(filters, message_ids, group_key, include_poisoned):
+    """(cleaned filter data, ids, group key, allowed statuses) or ValidationError."""
+    form = _clean_filters(filters)
+    ids = _clean_ids(message_ids)
+    if group_key is not None and (not isinstance(group_key, str) or len(group_key) > 64):
+        raise ValidationError({"group_key": "a failure-group key (at most 64 characters)"})
+    if not ((form and form.filter_dict()) or ids or group_key):
+        raise ValidationError(
+            {
+                NON_FIELD_ERRORS: "choose the messages: a filter, message ids or a failure group "
+                "(to replay every pending message, filter on status=pending)"
+            }
+        )
+    data = form.cleaned_data if form else {}
+    statuses = allowed_statuses(data.get("status") or None, ids, include_poisoned)
+    return data, ids, group_key or "", statuses
+
+
+def selection_queryset(data, ids, group_key, statuses, until=None):
+    queryset = apply_filters(Message.objects.all(), data) if data else Message.objects.all()
+    if ids:
+        queryset = queryset.filter(pk__in=ids)
+    if group_key:
+        queryset = queryset.filter(group_key=group_key)
+    queryset = queryset.filter(status__in=statuses)
+    if until is not None:
+        queryset = queryset.filter(collected_at__lte=until)
+    return queryset.order_by()
+
+
+def job_queryset(job):
+    """The messages a job covers (those collected up to its creation)."""
+    form = _clean_filters(job.filters or None)
+    data = form.cleaned_data if form else {}
+    return selection_queryset(
+        data, job.message_ids or None, job.group_key, job.allowed_statuses, until=job.created_at
+    )
+
+
+def selection_sql(job):
+    """(sql, params) selecting ``id, replay_count`` of the job's messages (for the snapshot)."""
+    return job_queryset(job).values_list("id", "replay_count").query.sql_with_params()
+
+
+# ---- options ----------------------------------------------------------------------------------
+
+
+def _number(errors, field, value, minimum=None, maximum=None, integer=False, above=None):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        errors[field] = "a number"
+        return None
+    if integer and int(value) != value:
+        errors[field] = "a whole number"
+        return None
+    if not math.isfinite(value):
+        errors[field] = "a finite number"
+    elif minimum is not None and value < minimum:
+        errors[field] = f"at least {minimum:g}"
+    elif above is not None and value <= above:
+        errors[field] = f"above {above:g}"
+    elif maximum is not None and value > maximum:
+        errors[field] = f"at most {maximum:g}"
+    return int(value) if integer else float(value)
+
+
+def _options(
+    rate,
+    canary_size,
+    canary_pause_seconds,
+    canary_max_failure_pct,
+    breaker_threshold_pct,
+    via,
+):
+    errors = {}
+    rate = _number(errors, "rate", rate, above=0, maximum=1_000_000)
+    canary_size = _number(errors, "canary_size", canary_size or 0, minimum=0, integer=True)
+    pause = _number(
+        errors, "canary_pause_seconds", canary_pause_seconds or 0, minimum=0, maximum=86400
+    )
+    canary_pct = _number(
+        errors, "canary_max_failure_pct", canary_max_failure_pct, above=0, maximum=100
+    )
+    breaker = _number(
+        errors, "breaker_threshold_pct", breaker_threshold_pct, minimum=0, maximum=100
+    )
+    if via not in VIAS:
+        errors["via"] = f"one of {', '.join(VIAS)}"
+    if errors:
+        raise ValidationError(errors)
+    if canary_size and canary_pct is None:
+        canary_pct = settings.REPLAY_CANARY_MAX_FAILURE_PCT
+    if breaker is None:
+        breaker = settings.REPLAY_BREAKER_THRESHOLD_PCT
+    return {
+        "rate": rate,
+        "canary_size": canary_size or 0,
+        "canary_pause_seconds": (pause or 0.0) if canary_size else 0.0,
+        "canary_max_failure_pct": canary_pct if canary_size else None,
+        "breaker_threshold_pct": breaker or None,
+        "via": via,
+    }
+
+
+# ---- the interface the console and the API call -----------------------------------------------
+
+
+def create_job(
+    user,
+    *,
+    filters=None,
+    message_ids=None,
+    group_key=None,
+    target_exchange=None,
+    target_routing_key=None,
+    target_queue=None,
+    delay_seconds=None,
+    rate=None,
+    include_poisoned=False,
+    canary_size=0,
+    canary_pause_seconds=0,
+    canary_max_failure_pct=None,
+    breaker_threshold_pct=None,
+    via="console",
+):
+    """Validate and create a bulk replay job; it starts (a Celery task) once the transaction
+    commits. Returns the ReplayJob (state ``queued``).
+
+    Selection — at least one of: ``filters`` (a dict of MessageFilterForm fields: kind, queue,
+    exchange, reason, status, vhost, group, since, until, q), ``message_ids`` (list of ints),
+    ``group_key`` (a failure group). Target — ``target_queue``, or ``target_exchange`` +
+    ``target_routing_key``, or none for each message's default; ``delay_seconds`` (one of
+    settings.REPLAY_DELAYS) delays through a TTL + DLX queue. ``rate``: msgs/s, None = as fast
+    as confirms allow. ``include_poisoned``: also poisoned messages. Canary: the first
+    ``canary_size`` messages, then ``canary_pause_seconds``, then go on only if fewer than
+    ``canary_max_failure_pct`` % (default setting REPLAY_CANARY_MAX_FAILURE_PCT) came back
+    dead-lettered; else the job pauses. ``breaker_threshold_pct``: pause when this % of the
+    replayed messages comes back dead-lettered (default REPLAY_BREAKER_THRESHOLD_PCT; 0 = off).
+    ``via``: console | api | system.
+
+    Raises ValidationError with the offending argument names as fields (``__all__`` when no
+    message is selected or none matches) and PermissionDenied if ``user`` is not an operator.
+    Logged as ``job_created``.
+    """
+    if user is not None and not has_role(user, Role.OPERATOR):
+        raise PermissionDenied("replay jobs need the operator role")
+    target = validate_target(target_exchange, target_routing_key, target_queue, delay_seconds)
+    data, ids, group, statuses = _selection(filters, message_ids, group_key, include_poisoned)
+    options = _options(
+        rate, canary_size, canary_pause_seconds, canary_max_failure_pct, breaker_threshold_pct, via
+    )
+    if not selection_queryset(data, ids, group, statuses).exists():
+        raise ValidationError(
+            {NON_FIELD_ERRORS: "no replayable message matches (" + ", ".join(statuses) + ")"}
+        )
+    with transaction.atomic():
+        job = ReplayJob.objects.create(
+            created_by=user,
+            filters=_clean_filters(filters).filter_dict() if filters else {},
+            message_ids=ids or [],
+            group_key=group,
+            target_exchange=target.exchange,
+            target_routing_key=target.routing_key,
+            target_queue=target.queue,
+            delay_seconds=target.delay_seconds,
+            include_poisoned=bool(include_poisoned),
+            allowed_statuses=statuses,
+            **options,
+        )
+        Activity.objects.create(
+            user=user,
+            action="job_created",
+            job=job,
+            via=via,
+            detail={
+                "filters": job.filters,
+                "message_ids": len(job.message_ids),
+                "group_key": job.group_key,
+                "target": describe_target(job),
+                "rate": job.rate,
+                "canary_size": job.canary_size,
+                "breaker_threshold_pct": job.breaker_threshold_pct,
+                "include_poisoned": job.include_poisoned,
+            },
+        )
+        transaction.on_commit(lambda: enqueue(job))
+    return job
+
+
+def dry_run(
+    filters=None,
+    message_ids=None,
+    group_key=None,
+    target_exchange=None,
+    target_routing_key=None,
+    target_queue=None,
+    include_poisoned=False,
+    delay_seconds=None,
+    **job_options,
+):
+    """How many messages a job would send where, sending nothing.
+
+    Takes create_job's arguments (the job options are validated too, so a preview shows the
+    errors the job would get) and returns ``[{"exchange", "routing_key", "count", "vhost",
+    "via"}]``, biggest first: ``exchange``/``routing_key`` are where the messages arrive (the
+    default exchange "" with the queue name as key for a queue), ``via`` the delay exchange
+    they wait in first ("" when not delayed). Raises ValidationError as create_job.
+    """
+    job_options.pop("user", None)
+    _options(
+        job_options.pop("rate", None),
+        job_options.pop("canary_size", 0),
+        job_options.pop("canary_pause_seconds", 0),
+        job_options.pop("canary_max_failure_pct", None),
+        job_options.pop("breaker_threshold_pct", None),
+        job_options.pop("via", "console"),
+    )
+    if job_options:
+        raise TypeError(f"dry_run() got unexpected arguments: {', '.join(job_options)}")
+    target = validate_target(target_exchange, target_routing_key, target_queue, delay_seconds)
+    data, ids, group, statuses = _selection(filters, message_ids, group_key, include_poisoned)
+    groups = (
+        selection_queryset(data, ids, group, statuses)
+        .values("vhost", "kind", "source_queue", "source_exchange", "routing_keys")
+        .annotate(n=Count("id"))
+    )
+    totals = {}
+    for row in groups:
+        exchange, key = target.final(
+            row["kind"], row["source_queue"], row["source_exchange"], row["routing_keys"]
+        )
+        via_exchange = target.route(exchange, key)[0] if target.delay_seconds else ""
+        slot = (row["vhost"], exchange, key, via_exchange)
+        totals[slot] = totals.get(slot, 0) + row["n"]
+    return [
+        {"exchange": e, "routing_key": k, "count": n, "vhost": v, "via": d}
+        for (v, e, k, d), n in sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))
+    ]
+
+
+def describe_target(job):
+    if job.target_queue:
+        where = f"queue {job.target_queue}"
+    elif job.target_exchange is not None:
+        where = f"exchange {job.target_exchange or '(default)'} key {job.target_routing_key or ''}"
+    else:
+        where = "each message's default target"
+    return f"{where}, after {job.delay_seconds}s" if job.delay_seconds else where
+
+
+# ---- state changes (ReplayJob.cancel / ReplayJob.resume) ---------------------------------------
+
+
+def _name(user):
+    return user.get_username() if user is not None else "the system"
+
+
+def cancel_job(job, user, via="console"):
+    now = timezone.now()
+    with transaction.atomic():
+        updated = ReplayJob.objects.filter(pk=job.pk, state__in=ACTIVE).update(
+            state=ReplayJob.State.CANCELLED,
+            state_reason=f"cancelled by {_name(user)}",
+            finished_at=now,
+        )
+        if not updated:
+            state = ReplayJob.objects.filter(pk=job.pk).values_list("state", flat=True).first()
+            raise StateError(
+                f"job #{job.pk} is {state}; only queued, running or paused jobs can be cancelled"
+            )
+        Activity.objects.create(user=user, action="job_cancelled", job_id=job.pk, via=via)
+    release_orphaned_claims(job.pk)
+    job.refresh_from_db()
+    return job
+
+
+def resume_job(job, user, via="console"):
+    with transaction.atomic():
+        locked = ReplayJob.objects.select_for_update().get(pk=job.pk)
+        if locked.state != ReplayJob.State.PAUSED:
+            raise StateError(f"job #{job.pk} is {locked.state}; only a paused job can be resumed")
+        accepted_canary = locked.canary_size > 0 and locked.canary_passed_at is None
+        locked.state = ReplayJob.State.QUEUED
+        locked.state_reason = f"resumed by {_name(user)}"
+        # The breaker judges what happens from now on, not the deaths that tripped it.
+        locked.breaker_base_confirmed = locked.confirmed
+        locked.breaker_base_dead = locked.dead_again
+        if accepted_canary:
+            locked.canary_passed_at = timezone.now()
+        locked.save(
+            update_fields=[
+                "state",
+                "state_reason",
+                "breaker_base_confirmed",
+                "breaker_base_dead",
+                "canary_passed_at",
+            ]
+        )
+        Activity.objects.create(
+            user=user,
+            action="job_resumed",
+            job=locked,
+            via=via,
+            detail={"accepted_canary": accepted_canary},
+        )
+        transaction.on_commit(lambda: enqueue(locked))
+    job.refresh_from_db()
+    return job
+
+
+# ---- running them ----------------------------------------------------------------------------
+
+
+def enqueue(job):
+    """Send the job's Celery task. A broker failure here is logged, not raised: the job stays
+    queued and ``resume_stalled_jobs`` sends it again."""
+    from recovery.tasks import run_replay_job
+
+    ReplayJob.objects.filter(pk=job.pk).update(enqueued_at=timezone.now())
+    try:
+        run_replay_job.apply_async((job.pk, str(job.token)), retry=False)
+    except Exception:
+        log.exception("replay job %s: could not enqueue its task; the stall sweep will", job.pk)
+        return False
+    return True
+
+
+def release_orphaned_claims(job_id=None):
+    """Items claimed by a runner that is gone (ended job, or a stale lease) go back to pending,
+    so the messages are not held forever. Returns how many."""
+    stale = timezone.now() - timedelta(seconds=settings.REPLAY_LEASE_SECONDS)
+    jobs = ReplayJob.objects.filter(
+        Q(runner="") | Q(heartbeat_at__isnull=True) | Q(heartbeat_at__lt=stale)
+    )
+    if job_id is not None:
+        jobs = jobs.filter(pk=job_id)
+    return ReplayJobItem.objects.filter(
+        job__in=jobs.exclude(state=ReplayJob.State.RUNNING), state=ReplayJobItem.State.CLAIMED
+    ).update(state=ReplayJobItem.State.PENDING, claimed_by="", claimed_at=None)
+
+
+def resume_stalled_jobs():
+    """Celery beat: enqueue again the jobs whose runner died (its lease went stale) or whose task
+    never started; release claims ended jobs still hold. Returns the ids enqueued."""
+    now = timezone.now()
+    lease = timedelta(seconds=settings.REPLAY_LEASE_SECONDS)
+    stale = now - lease
+    not_recently_enqueued = Q(enqueued_at__isnull=True) | Q(enqueued_at__lt=stale)
+    crashed = Q(state=ReplayJob.State.RUNNING) & (
+        Q(heartbeat_at__isnull=True) | Q(heartbeat_at__lt=stale)
+    )
+    forgotten = Q(state=ReplayJob.State.QUEUED) & (
+        Q(enqueued_at__isnull=True) | Q(enqueued_at__lt=now - lease * QUEUED_PATIENCE_LEASES)
+    )
+    enqueued = []
+    for job in ReplayJob.objects.filter((crashed & not_recently_enqueued) | forgotten):
+        log.warning("replay job %s (%s) has no live runner; enqueueing it again", job.pk, job.state)
+        if enqueue(job):
+            enqueued.append(job.pk)
+    release_orphaned_claims()
+    return enqueued

@@ -1,0 +1,36 @@
+"""The replay engine: one message at a time (``one``), operator curation (``curation``), bulk jobs
+(``runner`` with its asynchronous ``publisher`` and database ``store``), and targets/delays
+(``targets``). Jobs are created through ``recovery.jobs``.
+
+The names below are the public surface the console and the API use.
+"""
+
+from recovery.replay.curation import discard_message, edit_and_replay, restore_message
+from recovery.replay.one import (
+    REPLAYABLE,
+    STRIPPED_HEADERS,
+    BrokerUnavailable,
+    Publisher,
+    ReplayError,
+    StateError,
+    claim,
+    record_outcome,
+    replay_message,
+    wire_message,
+)
+
+__all__ = [
+    "REPLAYABLE",
+    "STRIPPED_HEADERS",
+    "BrokerUnavailable",
+    "Publisher",
+    "ReplayError",
+    "StateError",
+    "claim",
+    "discard_message",
+    "edit_and_replay",
+    "record_outcome",
+    "replay_message",
+    "restore_message",
+    "wire_message",
+]

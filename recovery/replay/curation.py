@@ -1,0 +1,143 @@
+"""What an operator does to one stored message besides a plain replay: discard (soft, restorable),
+restore, and edit-then-replay. Every call is written to the activity log with the user."""
+
+import binascii
+import json
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from recovery import headers as header_codec
+from recovery.models import Activity, Message, Status
+from recovery.replay.one import StateError, holding_job, replay_message
+
+DISCARDABLE = (Status.PENDING, Status.POISONED, Status.REPLAYED)
+
+
+def _locked(message, statuses):
+    """The message row, locked, if its status is one of ``statuses``; else StateError."""
+    row = Message.objects.select_for_update().filter(pk=message.pk).first()
+    if row is None:
+        raise StateError(f"message {message.pk} no longer exists")
+    if row.status not in statuses:
+        raise StateError(
+            f"message {message.pk} is {row.status}; only {', '.join(statuses)} messages can be "
+            "changed this way"
+        )
+    job_id = holding_job(message.pk)
+    if job_id is not None:
+        raise StateError(f"message {message.pk} is being replayed by job #{job_id}")
+    return row
+
+
+def discard_message(message, user, via="console", reason=""):
+    """Soft-discard a pending, poisoned or replayed message; ``restore_message`` undoes it.
+
+    Discarded messages are never replayed (not even by a job that selected them earlier) and
+    retention deletes them after RETENTION_DAYS. Raises StateError (a ValidationError and a
+    ReplayError) if the message is replaying, already discarded, or held by a running job.
+    Returns the updated Message. Logged as ``discard`` with the reason.
+    """
+    reason = (reason or "").strip()[:1000]
+    with transaction.atomic():
+        row = _locked(message, DISCARDABLE)
+        now = timezone.now()
+        Message.objects.filter(pk=row.pk).update(
+            status=Status.DISCARDED,
+            status_before_discard=row.status,
+            discarded_at=now,
+            status_reason=reason,
+            updated_at=now,
+        )
+        Activity.objects.create(
+            user=user,
+            action="discard",
+            message=row,
+            via=via,
+            detail={"reason": reason, "previous_status": row.status, "message": row.pk},
+        )
+    return Message.objects.get(pk=row.pk)
+
+
+def restore_message(message, user, via="console"):
+    """Undo a discard: the message gets back the status it had. Logged as ``restore``.
+
+    Raises StateError if the message is not discarded. Returns the updated Message.
+    """
+    with transaction.atomic():
+        row = _locked(message, (Status.DISCARDED,))
+        status = row.status_before_discard or Status.PENDING
+        Message.objects.filter(pk=row.pk).update(
+            status=status,
+            status_before_discard="",
+            discarded_at=None,
+            status_reason="",
+            updated_at=timezone.now(),
+        )
+        Activity.objects.create(
+            user=user,
+            action="restore",
+            message=row,
+            via=via,
+            detail={"restored_status": status, "message": row.pk},
+        )
+    return Message.objects.get(pk=row.pk)
+
+
+def parse_headers(headers_json):
+    """Tagged-JSON headers (a dict or JSON text) -> the dict to store; ValidationError if bad."""
+    if headers_json is None:
+        return None
+    if isinstance(headers_json, str | bytes):
+        try:
+            headers_json = json.loads(headers_json)
+        except ValueError as exc:
+            raise ValidationError({"headers_json": f"not valid JSON: {exc}"}) from None
+    if not isinstance(headers_json, dict):
+        raise ValidationError({"headers_json": "headers must be a JSON object"})
+    try:
+        header_codec.headers_from_json(headers_json)
+    except (ValueError, TypeError, KeyError, binascii.Error, ArithmeticError) as exc:
+        raise ValidationError({"headers_json": f"not a valid header value: {exc}"}) from None
+    return headers_json
+
+
+def edit_and_replay(
+    message,
+    user,
+    headers_json=None,
+    body=None,
+    exchange=None,
+    routing_key=None,
+    via="console",
+    queue=None,
+    delay_seconds=None,
+):
+    """Replay an edited copy of a message; the stored original is never changed.
+
+    ``headers_json``: the headers to send, tagged JSON like Message.headers (a dict or JSON text;
+    replay bookkeeping headers are stripped and re-added as for any replay). ``body``: bytes or
+    str (sent UTF-8). None keeps the original. Target as for ``replay_message``. The edited
+    version and the editor are kept in a MessageEdit linked to the attempt; the activity log
+    gets ``edit_replay``. Returns the ReplayAttempt. Raises ValidationError (field
+    ``headers_json``/``body``) for bad edits, StateError / BrokerUnavailable as replay_message.
+    """
+    headers = parse_headers(headers_json)
+    if isinstance(body, str):
+        body = body.encode()
+    elif body is not None and not isinstance(body, bytes | bytearray | memoryview):
+        raise ValidationError({"body": "body must be bytes or text"})
+    if body is not None:
+        body = bytes(body)
+    return replay_message(
+        message,
+        user=user,
+        exchange=exchange,
+        routing_key=routing_key,
+        via=via,
+        headers=headers,
+        body=body,
+        queue=queue,
+        delay_seconds=delay_seconds,
+    )

@@ -1,0 +1,321 @@
+"""Replay one message: put it back on the wire, confirmed, and record what happened.
+
+A message becomes ``replayed`` only once the broker acked the publish (publisher confirms). It is
+published ``mandatory``: a ``basic.return`` (nothing bound) or a nack leaves it where it was
+(pending) with the reason. Bulk jobs use the same wire format (``wire_message``) but their own
+asynchronous publisher (recovery.replay.publisher).
+"""
+
+import contextlib
+import datetime
+import logging
+
+import pika
+import pika.exceptions
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from recovery import headers as header_codec
+from recovery.broker import connect
+from recovery.models import (
+    Activity,
+    Message,
+    MessageEdit,
+    ReplayAttempt,
+    ReplayJobItem,
+    Status,
+)
+from recovery.replay.targets import ensure_delay_routes, validate_target
+
+log = logging.getLogger(__name__)
+
+# Headers describing a previous life of the message; the broker writes fresh ones if it dies again,
+# and the store keeps the originals.
+STRIPPED_HEADERS = (
+    "x-death",
+    "x-first-death-queue",
+    "x-first-death-reason",
+    "x-first-death-exchange",
+    "x-last-death-queue",
+    "x-last-death-reason",
+    "x-last-death-exchange",
+    "x-delivery-count",
+    "x-recovery-kind",
+    "x-recovery-reason",
+    "x-recovery-exchange",
+    "x-recovery-routing-key",
+    "x-recovery-attempts",
+    "x-recovery-first-attempt-at",
+    "x-recovery-producer",
+)
+
+REPLAYABLE = (Status.PENDING, Status.POISONED, Status.REPLAYED)
+
+
+class ReplayError(Exception):
+    """The message could not be replayed; the reason is for the operator."""
+
+
+class BrokerUnavailable(ReplayError):
+    """RabbitMQ could not be reached; nothing was sent (the message is as it was)."""
+
+
+class StateError(ReplayError, ValidationError):
+    """The message or job is not in a state that allows this (a conflict, HTTP 409).
+
+    Also a Django ValidationError, so form and view code that catches ValidationError shows it.
+    """
+
+    def __init__(self, message):
+        ValidationError.__init__(self, message, code="conflict")
+
+    def __str__(self):
+        return self.messages[0]
+
+
+def wire_message(message, replayed_by="", headers_override=None, body_override=None):
+    """(properties, body) to publish for a stored message.
+
+    ``expiration`` is dropped: a per-message TTL that killed it once would kill it again.
+    """
+    return wire_from_columns(
+        message.pk,
+        message.properties,
+        message.headers if headers_override is None else headers_override,
+        message.body_bytes if body_override is None else body_override,
+        message.replay_count,
+        replayed_by,
+    )
+
+
+def wire_from_columns(pk, properties_json, headers_json, body, replay_count, replayed_by, now=None):
+    """wire_message for raw column values (bulk replay reads rows, not models)."""
+    props = {
+        name: header_codec.from_json(value)
+        for name, value in properties_json.items()
+        if name != "expiration"
+    }
+    headers = header_codec.headers_from_json(headers_json)
+    for name in STRIPPED_HEADERS:
+        headers.pop(name, None)
+    headers["x-recovery-replay-count"] = replay_count + 1
+    headers["x-recovery-replayed-at"] = now or datetime.datetime.now(datetime.UTC).replace(
+        tzinfo=None
+    )
+    headers["x-recovery-replayed-by"] = replayed_by or "lazarus"
+    headers["x-recovery-origin"] = pk
+    return pika.BasicProperties(headers=headers, **props), bytes(body)
+
+
+class Publisher:
+    """A confirming, mandatory publisher on one vhost (one message at a time). Context manager."""
+
+    def __init__(self, vhost):
+        self.vhost = vhost
+        self.connection = None
+        self.channel = None
+
+    def __enter__(self):
+        self.connection = connect(self.vhost)
+        self.channel = self.connection.channel()
+        self.channel.confirm_delivery()
+        return self
+
+    def __exit__(self, *exc):
+        if self.connection is not None and self.connection.is_open:
+            with contextlib.suppress(pika.exceptions.AMQPError):
+                self.connection.close()
+
+    def publish(self, exchange, routing_key, properties, body):
+        """Returns (outcome, detail) with outcome one of ReplayAttempt.Outcome."""
+        try:
+            self.channel.basic_publish(exchange, routing_key, body, properties, mandatory=True)
+        except pika.exceptions.UnroutableError as exc:
+            returned = exc.messages[0].method if exc.messages else None
+            detail = (
+                f"returned by the broker: {returned.reply_code} {returned.reply_text}"
+                if returned
+                else "returned by the broker"
+            )
+            return ReplayAttempt.Outcome.RETURNED, detail
+        except pika.exceptions.NackError:
+            return ReplayAttempt.Outcome.NACKED, "the broker nacked the publish"
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            # e.g. 404 NOT_FOUND: the target exchange does not exist. Nothing was delivered.
+            return ReplayAttempt.Outcome.FAILED, f"refused by the broker: {exc.reply_code} " + (
+                exc.reply_text
+            )
+        return ReplayAttempt.Outcome.CONFIRMED, ""
+
+
+def holding_job(message_id):
+    """The id of the job whose runner holds the message right now, or None."""
+    return (
+        ReplayJobItem.objects.filter(message_id=message_id, state=ReplayJobItem.State.CLAIMED)
+        .values_list("job_id", flat=True)
+        .first()
+    )
+
+
+def claim(message_id, allowed=REPLAYABLE):
+    """Atomically move a message to ``replaying``; None if it is not in an allowed status.
+
+    The returned Message has ``claimed_from``, the status it had before.
+
+    Raises StateError if a bulk job holds it. The row lock comes first: a job claims messages
+    under the same lock, so once we hold it the job's claim (if any) is committed and visible.
+    """
+    with transaction.atomic():
+        locked = Message.objects.select_for_update().filter(pk=message_id, status__in=allowed)
+        previous = locked.values_list("status", flat=True).first()
+        if previous is None:
+            return None
+        job_id = holding_job(message_id)
+        if job_id is not None:
+            raise StateError(f"message {message_id} is being replayed by job #{job_id}")
+        locked.update(status=Status.REPLAYING, updated_at=timezone.now())
+    message = Message.objects.get(pk=message_id)
+    message.claimed_from = previous  # the status a failed replay returns it to
+    return message
+
+
+def record_outcome(
+    message,
+    outcome,
+    detail,
+    exchange,
+    routing_key,
+    user=None,
+    job=None,
+    via="console",
+    edited=False,
+    previous_status=Status.PENDING,
+    edit=None,
+):
+    now = timezone.now()
+    with transaction.atomic():
+        if outcome == ReplayAttempt.Outcome.CONFIRMED:
+            Message.objects.filter(pk=message.pk).update(
+                status=Status.REPLAYED,
+                status_reason="",
+                replay_count=message.replay_count + 1,
+                last_replayed_at=now,
+                updated_at=now,
+            )
+        else:
+            # Back to where it was (pending/poisoned), with the reason the operator will see.
+            Message.objects.filter(pk=message.pk).update(
+                status=previous_status if previous_status != Status.REPLAYED else Status.PENDING,
+                status_reason=detail,
+                updated_at=now,
+            )
+        attempt = ReplayAttempt.objects.create(
+            message=message,
+            job=job,
+            user=user,
+            exchange=exchange,
+            routing_key=routing_key,
+            outcome=outcome,
+            detail=detail,
+            edited=edited,
+        )
+        activity_detail = {
+            "exchange": exchange,
+            "routing_key": routing_key,
+            "outcome": outcome,
+            "detail": detail,
+            "edited": edited,
+        }
+        if edit is not None:
+            edit.attempt = attempt
+            edit.save(update_fields=["attempt"])
+            activity_detail["edit"] = edit.pk
+        Activity.objects.create(
+            user=user,
+            action="edit_replay" if edited else "replay",
+            message=message,
+            job=job,
+            via=via,
+            detail=activity_detail,
+        )
+    return attempt
+
+
+def replay_message(
+    message,
+    user=None,
+    exchange=None,
+    routing_key=None,
+    via="console",
+    headers=None,
+    body=None,
+    queue=None,
+    delay_seconds=None,
+):
+    """Replay one message now (the one-click path). Returns the ReplayAttempt.
+
+    Target: ``queue``, or ``exchange`` + ``routing_key``, or (none given) the message's default
+    target; ``delay_seconds`` (one of settings.REPLAY_DELAYS) delays it through a TTL queue.
+    ``headers`` (tagged JSON, like Message.headers) and ``body`` (bytes) replace what is sent;
+    the stored message is kept and the edit is recorded as a MessageEdit with the user.
+
+    Raises ValidationError (fields target_exchange, target_routing_key, target_queue,
+    delay_seconds) for a bad target; StateError (a ReplayError and a ValidationError) if the
+    message is not replayable now (its status, or a job holds it); BrokerUnavailable (a
+    ReplayError) if RabbitMQ cannot be reached. In every case nothing was sent and the message is
+    left as it was.
+    """
+    target = validate_target(exchange, routing_key, queue, delay_seconds)
+    claimed = claim(message.pk)
+    if claimed is None:
+        current = Message.objects.filter(pk=message.pk).values_list("status", flat=True).first()
+        raise StateError(f"message {message.pk} is {current or 'gone'}, not replayable now")
+    previous_status = claimed.claimed_from
+    try:
+        final_exchange, final_key = target.final(
+            claimed.kind, claimed.source_queue, claimed.source_exchange, claimed.routing_keys
+        )
+        publish_exchange, publish_key = target.route(final_exchange, final_key)
+        replayed_by = user.get_username() if user is not None else via
+        properties, payload = wire_message(claimed, replayed_by, headers, body)
+        if delay_seconds:
+            ensure_delay_routes(claimed.vhost, delay_seconds, [final_exchange])
+        with Publisher(claimed.vhost) as publisher:
+            outcome, detail = publisher.publish(publish_exchange, publish_key, properties, payload)
+    except (pika.exceptions.AMQPError, OSError) as exc:
+        Message.objects.filter(pk=claimed.pk, status=Status.REPLAYING).update(
+            status=previous_status, status_reason=f"broker unavailable: {exc!r}"
+        )
+        raise BrokerUnavailable(f"broker unavailable: {exc!r}") from exc
+    except BaseException:
+        Message.objects.filter(pk=claimed.pk, status=Status.REPLAYING).update(
+            status=previous_status
+        )
+        raise
+    edited = headers is not None or body is not None
+    edit = None
+    if edited:
+        edit = MessageEdit.objects.create(
+            message=claimed,
+            user=user,
+            headers=headers,
+            body=body,
+            exchange=final_exchange,
+            routing_key=final_key,
+            via=via,
+        )
+    if delay_seconds and outcome == ReplayAttempt.Outcome.CONFIRMED:
+        detail = f"delayed {delay_seconds}s via {publish_exchange}"
+    return record_outcome(
+        claimed,
+        outcome,
+        detail,
+        final_exchange,
+        final_key,
+        user=user,
+        via=via,
+        edited=edited,
+        previous_status=previous_status,
+        edit=edit,
+    )

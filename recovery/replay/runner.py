@@ -1,0 +1,410 @@
+"""Runs one bulk replay job: claim, pace, publish with confirms, record — until done or stopped.
+
+The loop (``JobRunner.run``), in one thread beside the publishers' I/O threads:
+
+1. take the job's lease (waiting out a crashed runner's), snapshot its messages as items once,
+   and put back what a crashed runner left claimed;
+2. claim a batch of items (``FOR UPDATE SKIP LOCKED``), build each message's wire form and hand
+   it to the publisher of its vhost at the job's rate (a token bucket) or as fast as the window
+   allows;
+3. write outcomes in batches (only items still held: the fence), heartbeat every half second,
+   read the job's state (cancelled? paused?) and run the circuit breaker;
+4. with a canary, claim only the canary items first, wait the pause, judge, then go on.
+
+Never more than ``window`` messages are claimed and not yet recorded: that is what a crash (or a
+kill -9) can duplicate, because a new runner re-sends whatever was claimed and unrecorded.
+"""
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+
+from django.conf import settings
+from django.utils import timezone
+
+from recovery.models import Activity, ReplayJob
+from recovery.replay.one import wire_from_columns
+from recovery.replay.publisher import AsyncPublisher, Entry
+from recovery.replay.store import JobStore
+from recovery.replay.targets import Target, ensure_delay_routes
+
+log = logging.getLogger(__name__)
+
+# Heartbeat + state check period: how fast a cancel or a pause takes effect.
+CONTROL_S = 0.5
+# Outcomes are written at least this often, and in batches of at most FLUSH_ROWS.
+FLUSH_S = 0.1
+FLUSH_ROWS = 1000
+# The circuit breaker counts what came back at most this often (a join over the job's items).
+BREAKER_CHECK_S = 1.0
+# How long the publisher may be disconnected before the job says it is waiting for RabbitMQ.
+BROKER_QUIET_S = 2.0
+# Set by the Celery worker_shutting_down signal (recovery.tasks): runners hand their job back.
+SHUTDOWN = threading.Event()
+
+
+class LeaseLost(Exception):
+    """Another runner took the job over; stop without writing anything."""
+
+
+def runner_name():
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class JobRunner:
+    def __init__(
+        self,
+        job_id,
+        token=None,
+        *,
+        runner_id=None,
+        window=None,
+        claim_batch=None,
+        lease_seconds=None,
+        confirm_timeout=None,
+        broker_url=None,
+        conninfo=None,
+    ):
+        self.job_id = job_id
+        self.token = str(token) if token else None
+        self.runner_id = runner_id or runner_name()
+        self.window = window or settings.REPLAY_WINDOW
+        self.claim_batch = claim_batch or settings.REPLAY_CLAIM_BATCH
+        self.lease_seconds = lease_seconds or settings.REPLAY_LEASE_SECONDS
+        self.confirm_timeout = confirm_timeout or settings.REPLAY_CONFIRM_TIMEOUT_SECONDS
+        self.broker_url = broker_url
+        self.store = JobStore(job_id, self.runner_id, conninfo)
+        self.wakeup = threading.Event()
+        self.publishers = {}
+        self.declared_delays = set()
+        self.job = None
+        self.dead = 0
+        self.confirmed = 0
+        self.last_breaker_check = 0.0
+        self.disconnected_since = None
+
+    # ---- entry point ----------------------------------------------------------------------
+
+    def run(self, wait_for_lease=True):
+        """Run the job to its end or a stop; returns what happened: ``done``, ``paused``,
+        ``cancelled``, ``requeued`` (worker shutdown), ``failed``, ``lost`` (lease taken over),
+        ``busy`` (another live runner has it) or ``gone`` (not runnable)."""
+        try:
+            first_start = not ReplayJob.objects.filter(
+                pk=self.job_id, started_at__isnull=False
+            ).exists()
+            acquired = self._acquire(wait_for_lease)
+            if acquired != "ok":
+                return acquired
+            try:
+                self.job = ReplayJob.objects.get(pk=self.job_id)
+                self._prepare(first_start)
+                return self._loop()
+            except LeaseLost:
+                log.warning("replay job %s: lease taken over by another runner", self.job_id)
+                return "lost"
+            except Exception as exc:
+                log.exception("replay job %s failed", self.job_id)
+                self._fail(exc)
+                return "failed"
+        finally:
+            for publisher in self.publishers.values():
+                publisher.close()
+            self.store.close()
+
+    def _acquire(self, wait):
+        deadline = time.monotonic() + (self.lease_seconds + 2 if wait else 0)
+        while True:
+            if self.store.acquire(self.token, self.lease_seconds):
+                return "ok"
+            peek = self.store.peek()
+            if peek is None or peek[0] not in (ReplayJob.State.QUEUED, ReplayJob.State.RUNNING):
+                return "gone"
+            if time.monotonic() >= deadline:
+                return "busy"
+            time.sleep(min(1.0, self.lease_seconds / 4))
+
+    def _prepare(self, first_start):
+        from recovery.jobs import selection_sql
+
+        job = self.job
+        if first_start:
+            self._activity("job_started", {"runner": self.runner_id})
+        if job.populated_at is None:
+            sql, params = selection_sql(job)
+            job.total = self.store.populate(sql, params, job.canary_size)
+            log.info("replay job %s: %s messages", job.pk, job.total)
+        reclaimed = self.store.reclaim()
+        if reclaimed:
+            log.warning("replay job %s: took over %s claimed messages", job.pk, reclaimed)
+            self._activity("job_taken_over", {"runner": self.runner_id, "reclaimed": reclaimed})
+        self.target = Target.of_job(job)
+        self.user_id = job.created_by_id
+        self.replayed_by = job.created_by.get_username() if job.created_by_id else "lazarus"
+        self.confirmed = job.confirmed
+        self.dead = job.dead_again
+        self.breaker_pct = job.breaker_threshold_pct or 0
+        self.canary = job.canary_size > 0 and job.canary_passed_at is None
+
+    # ---- the loop ---------------------------------------------------------------------------
+
+    def _loop(self):
+        job, store = self.job, self.store
+        rate = job.rate or None
+        buffer = deque()  # (vhost, Entry) claimed, not yet handed to a publisher
+        self.pending = pending = {}  # item id -> (message id, exchange, key): not yet answered
+        results = []
+        exhausted = False
+        canary_until = None
+        tokens, last_refill = 0.0, time.monotonic()
+        burst = max(1.0, rate * 0.5) if rate else 0.0
+        next_control = last_flush = 0.0
+        while True:
+            self.wakeup.clear()
+            now = time.monotonic()
+            if now >= next_control:
+                self._flush(results)
+                verdict = self._control()
+                if verdict is not None:
+                    return self._stop(verdict, buffer)
+                next_control = now + CONTROL_S
+            unrecorded = len(pending) + len(results)
+            if not exhausted and not buffer and canary_until is None and unrecorded < self.window:
+                limit = min(self.claim_batch, self.window - unrecorded)
+                claimed, _skipped, any_left = store.claim(
+                    limit, job.allowed_statuses, canary_only=self.canary
+                )
+                exhausted = not any_left
+                self._stage(claimed, buffer)
+            if rate:
+                tokens = min(burst, tokens + (now - last_refill) * rate)
+                last_refill = now
+                count = min(len(buffer), int(tokens))
+                tokens -= count
+            else:
+                count = len(buffer)
+            for _ in range(count):
+                vhost, entry = buffer.popleft()
+                self._publisher(vhost).submit(entry)
+            for publisher in self.publishers.values():
+                for outcome in publisher.take_outcomes():
+                    message_id, exchange, key = pending.pop(outcome.key)
+                    results.append(
+                        (outcome.key, message_id, outcome.outcome, outcome.detail, exchange, key)
+                    )
+            if results and (len(results) >= FLUSH_ROWS or now - last_flush >= FLUSH_S):
+                self._flush(results)
+                last_flush = now
+            if exhausted and not buffer and not pending:
+                self._flush(results)
+                if self.canary:
+                    if canary_until is None:
+                        remaining = job.canary_pause_seconds - store.canary_elapsed()
+                        canary_until = time.monotonic() + max(0.0, remaining)
+                    if time.monotonic() >= canary_until:
+                        verdict = self._judge_canary()
+                        if verdict is not None:
+                            return self._stop(verdict, buffer)
+                        self.canary, exhausted, canary_until = False, False, None
+                        continue
+                else:
+                    left = store.reconcile()
+                    if not (left.get("pending") or left.get("claimed")):
+                        return self._finish(left)
+                    exhausted = False
+            if buffer and rate:
+                timeout = max(0.001, (1.0 - tokens) / rate)
+            elif buffer or (not exhausted and len(pending) + len(results) < self.window):
+                continue  # more to claim or submit right away
+            else:
+                timeout = 0.05
+            self.wakeup.wait(min(timeout, 0.05))
+
+    def _stage(self, claimed, buffer):
+        """Claimed rows -> wire entries in the buffer."""
+        target, pending = self.target, self.pending
+        now = timezone.now().replace(tzinfo=None)
+        for c in claimed:
+            final_exchange, final_key = target.final(
+                c.kind, c.source_queue, c.source_exchange, c.routing_keys
+            )
+            exchange, key = target.route(final_exchange, final_key)
+            if target.delay_seconds and (c.vhost, final_exchange) not in self.declared_delays:
+                ensure_delay_routes(c.vhost, target.delay_seconds, [final_exchange])
+                self.declared_delays.add((c.vhost, final_exchange))
+            properties, body = wire_from_columns(
+                c.message_id, c.properties, c.headers, c.body, c.replay_count, self.replayed_by, now
+            )
+            buffer.append(
+                (c.vhost, Entry(c.item_id, exchange, key, properties, body, c.message_id))
+            )
+            pending[c.item_id] = (c.message_id, final_exchange, final_key)
+
+    def _publisher(self, vhost):
+        publisher = self.publishers.get(vhost)
+        if publisher is None:
+            publisher = AsyncPublisher(
+                vhost,
+                self.window,
+                self.confirm_timeout,
+                name=f"lazarus-replay job {self.job_id}",
+                url=self.broker_url,
+                wakeup=self.wakeup,
+            )
+            self.publishers[vhost] = publisher
+        return publisher
+
+    def _flush(self, results):
+        if not results:
+            return
+        counts = self.store.record(results, self.user_id, self.job.via)
+        self.confirmed += counts["confirmed"]
+        results.clear()
+
+    # ---- control: heartbeat, state, breaker ------------------------------------------------
+
+    def _control(self):
+        """Heartbeat; a stop verdict (kind, reason) or None to go on."""
+        now = time.monotonic()
+        if self.breaker_pct and now - self.last_breaker_check >= BREAKER_CHECK_S:
+            self.last_breaker_check = now
+            self.dead = self.store.dead_again(self.job.started_at)
+        state = self.store.heartbeat(self._in_flight(), self.dead, self._broker_reason(now))
+        if state is None:
+            raise LeaseLost()
+        if state == ReplayJob.State.CANCELLED:
+            return ("cancelled", "")
+        if state != ReplayJob.State.RUNNING:
+            return ("left", state)
+        if SHUTDOWN.is_set():
+            return ("requeue", "the worker shut down; another worker continues the job")
+        return self._breaker()
+
+    def _in_flight(self):
+        return sum(p.outstanding for p in self.publishers.values())
+
+    def _broker_reason(self, now):
+        down = [p for p in self.publishers.values() if not p.connected]
+        if not down:
+            self.disconnected_since = None
+            return ""
+        if self.disconnected_since is None:
+            self.disconnected_since = now
+        if now - self.disconnected_since < BROKER_QUIET_S:
+            return ""
+        return f"waiting for RabbitMQ ({down[0].last_error}); will resend what is unconfirmed"
+
+    def _breaker(self):
+        job = self.job
+        replayed = self.confirmed - job.breaker_base_confirmed
+        dead = self.dead - job.breaker_base_dead
+        if not self.breaker_pct or replayed < settings.REPLAY_BREAKER_MIN_SAMPLE:
+            return None
+        share = 100.0 * dead / replayed
+        if share < self.breaker_pct:
+            return None
+        return (
+            "pause",
+            f"circuit breaker: {dead} of {replayed} replayed messages ({share:.0f}%) came back "
+            f"dead-lettered; threshold {self.breaker_pct:g}%. Fix the consumer, then resume.",
+        )
+
+    def _judge_canary(self):
+        job = self.job
+        counts = self.store.canary_counts()
+        confirmed = counts.get("confirmed", 0)
+        refused = counts.get("returned", 0) + counts.get("nacked", 0) + counts.get("failed", 0)
+        if confirmed == 0 and refused:
+            return (
+                "pause",
+                f"canary: none of the {refused} canary messages was accepted by the broker "
+                "(returned or refused; see the attempts).",
+            )
+        dead = self.store.dead_again(job.started_at, canary_only=True)
+        share = 100.0 * dead / confirmed if confirmed else 0.0
+        limit = job.canary_max_failure_pct
+        if limit is not None and share >= limit:
+            return (
+                "pause",
+                f"canary: {dead} of {confirmed} canary messages ({share:.0f}%) came back "
+                f"dead-lettered within {job.canary_pause_seconds:g}s (limit: fewer than "
+                f"{limit:g}%). Resume to continue anyway.",
+            )
+        self.store.set_fields(canary_passed_at=timezone.now())
+        self._activity("job_canary_passed", {"confirmed": confirmed, "dead_again": dead})
+        return None
+
+    # ---- ends ---------------------------------------------------------------------------------
+
+    def _stop(self, verdict, buffer):
+        """Stop sending, settle what is in flight, then leave the job as the verdict says."""
+        kind, reason = verdict
+        for publisher in self.publishers.values():
+            publisher.withdraw()
+        unknown, results = [], []
+        release = [entry.key for _vhost, entry in buffer]
+        for key in release:
+            self.pending.pop(key, None)
+        buffer.clear()
+        deadline = time.monotonic() + self.confirm_timeout + 2
+        while self.pending and time.monotonic() < deadline:
+            self.wakeup.clear()
+            for publisher in self.publishers.values():
+                for outcome in publisher.take_outcomes():
+                    message_id, exchange, key = self.pending.pop(outcome.key)
+                    if outcome.outcome == "withdrawn":
+                        (unknown if outcome.maybe_sent else release).append(outcome.key)
+                    else:
+                        results.append(
+                            (outcome.key, message_id, outcome.outcome, outcome.detail)
+                            + (exchange, key)
+                        )
+            if self.pending:
+                self.wakeup.wait(0.05)
+        self._flush(results)
+        self.store.release(release)
+        unknown.extend(self.pending)
+        self.store.release(
+            unknown, "sent, but not confirmed before the job stopped: it may have been delivered"
+        )
+        self.store.reconcile()
+        if kind == "pause":
+            self.store.end(ReplayJob.State.PAUSED, reason)
+            self._activity("job_paused", {"reason": reason})
+            return "paused"
+        if kind == "requeue":
+            if self.store.end(ReplayJob.State.QUEUED, reason) == ReplayJob.State.QUEUED:
+                from recovery.jobs import enqueue
+
+                enqueue(ReplayJob.objects.get(pk=self.job_id))
+            return "requeued"
+        self.store.end(None, "")
+        return "cancelled" if kind == "cancelled" else reason
+
+    def _finish(self, counts):
+        state = self.store.end(ReplayJob.State.DONE, "")
+        if state == ReplayJob.State.DONE:
+            self._activity("job_done", {"counts": counts})
+        return state or "lost"
+
+    def _fail(self, exc):
+        try:
+            self.store.close()  # the failure may have broken the connection
+            for publisher in self.publishers.values():
+                publisher.withdraw()
+            held = list(getattr(self, "pending", {}))
+            self.store.release(held, "the job failed before this message was confirmed")
+            reason = f"failed: {type(exc).__name__}: {exc}"[:2000]
+            if self.store.end(ReplayJob.State.FAILED, reason) == ReplayJob.State.FAILED:
+                self._activity("job_failed", {"reason": reason})
+        except Exception:
+            log.exception("replay job %s: could not record the failure", self.job_id)
+
+    def _activity(self, action, detail):
+        Activity.objects.create(
+            user=None, action=action, job_id=self.job_id, via="system", detail=detail
+        )

@@ -1,0 +1,488 @@
+"""The job runner's database side: lease, snapshot, claims, outcomes — each one short transaction.
+
+Written as SQL on a dedicated psycopg connection because it is the hot path of a bulk replay
+(batches of hundreds of rows per statement, COPY for the attempt and activity rows).
+
+Concurrency rules, the reason this module exists:
+
+* One runner holds a job at a time: ``runner`` + ``heartbeat_at`` on the job row are its lease.
+  Every write a runner makes is fenced with ``claimed_by = <runner>`` / ``runner = <runner>``, so
+  a runner that lost its lease (a long pause, a network partition) cannot overwrite the work of
+  the one that took over.
+* Items are claimed with ``FOR UPDATE SKIP LOCKED``; claiming also locks the message rows (in id
+  order, so two jobs never deadlock). The one-click replay, discard and restore lock the message
+  row first too, and only then look for a job's claim; so whoever gets the lock second sees the
+  other's committed work, and no message is ever claimed by two replays at once.
+* A job's messages keep their status while it runs (only the outcome changes it): a status
+  update rewrites every index of ``recovery_message``, so the hot path writes each message once.
+"""
+
+import json
+import logging
+
+import psycopg
+from django.db import connections
+
+log = logging.getLogger(__name__)
+
+JOB = "recovery_replayjob"
+ITEM = "recovery_replayjobitem"
+MESSAGE = "recovery_message"
+
+MESSAGE_COLUMNS = (
+    "id, status, replay_count, kind, vhost, source_queue, source_exchange, routing_keys, "
+    "properties, headers, body"
+)
+
+
+def database_conninfo(alias="default", application_name="lazarus-replay"):
+    """psycopg connection string for the Django database (the test database inside tests)."""
+    cfg = connections[alias].settings_dict
+    return psycopg.conninfo.make_conninfo(
+        dbname=cfg["NAME"],
+        user=cfg["USER"] or None,
+        password=cfg["PASSWORD"] or None,
+        host=cfg["HOST"] or None,
+        port=cfg["PORT"] or None,
+        application_name=application_name,
+        connect_timeout=10,
+        keepalives=1,
+        keepalives_idle=30,
+    )
+
+
+class Claimed:
+    """One claimed message, as the runner needs it to publish."""
+
+    __slots__ = (
+        "item_id",
+        "message_id",
+        "replay_count",
+        "kind",
+        "vhost",
+        "source_queue",
+        "source_exchange",
+        "routing_keys",
+        "properties",
+        "headers",
+        "body",
+    )
+
+    def __init__(self, item_id, row):
+        self.item_id = item_id
+        (
+            self.message_id,
+            _status,
+            self.replay_count,
+            self.kind,
+            self.vhost,
+            self.source_queue,
+            self.source_exchange,
+            self.routing_keys,
+            self.properties,
+            self.headers,
+            self.body,
+        ) = row
+
+
+class JobStore:
+    def __init__(self, job_id, runner_id, conninfo=None):
+        self.job_id = job_id
+        self.runner_id = runner_id
+        self.conninfo = conninfo or database_conninfo()
+        self.pg = None
+
+    def connect(self):
+        if self.pg is None or self.pg.closed:
+            self.pg = psycopg.connect(self.conninfo, autocommit=True)
+        return self.pg
+
+    def close(self):
+        if self.pg is not None and not self.pg.closed:
+            self.pg.close()
+        self.pg = None
+
+    def execute(self, sql, params=()):
+        return self.connect().execute(sql, params)
+
+    # ---- the lease ------------------------------------------------------------------------
+
+    def acquire(self, token, lease_seconds):
+        """Take the job if it is queued/running and nobody holds a live lease; the job row."""
+        row = self.execute(
+            f"""
+            UPDATE {JOB} SET runner = %(me)s, heartbeat_at = now(), state = 'running',
+                   started_at = coalesce(started_at, now()), finished_at = NULL
+            WHERE id = %(id)s AND (%(token)s::uuid IS NULL OR token = %(token)s::uuid)
+              AND state IN ('queued', 'running')
+              AND (runner = '' OR heartbeat_at IS NULL
+                   OR heartbeat_at < now() - make_interval(secs => %(lease)s))
+            RETURNING runner
+            """,
+            {"me": self.runner_id, "id": self.job_id, "token": token, "lease": lease_seconds},
+        ).fetchone()
+        return row is not None
+
+    def peek(self):
+        """(state, runner, seconds since heartbeat) or None if the job is gone."""
+        return self.execute(
+            f"SELECT state, runner, extract(epoch FROM now() - heartbeat_at) FROM {JOB} "
+            "WHERE id = %s",
+            (self.job_id,),
+        ).fetchone()
+
+    def heartbeat(self, in_flight, dead_again, reason):
+        """Renew the lease; the job's state, or None if another runner took it over."""
+        row = self.execute(
+            f"""
+            UPDATE {JOB} SET heartbeat_at = now(), in_flight = %s,
+                   dead_again = greatest(dead_again, %s),
+                   state_reason = CASE WHEN state = 'running' THEN %s ELSE state_reason END
+            WHERE id = %s AND runner = %s
+            RETURNING state
+            """,
+            (in_flight, dead_again, reason, self.job_id, self.runner_id),
+        ).fetchone()
+        return row[0] if row else None
+
+    def end(self, state, reason, from_states=("running",)):
+        """Leave the job in ``state`` (None = keep it) and give up the lease; True if ours."""
+        row = self.execute(
+            f"""
+            UPDATE {JOB} SET runner = '', in_flight = 0,
+                   state = CASE WHEN state = ANY(%(from)s) AND %(state)s::text IS NOT NULL
+                                THEN %(state)s ELSE state END,
+                   state_reason = CASE WHEN state = ANY(%(from)s) AND %(state)s::text IS NOT NULL
+                                THEN %(reason)s ELSE state_reason END,
+                   finished_at = CASE WHEN %(state)s IN ('done', 'failed', 'cancelled')
+                                      AND state = ANY(%(from)s) THEN now() ELSE finished_at END
+            WHERE id = %(id)s AND runner = %(me)s
+            RETURNING state
+            """,
+            {
+                "state": state,
+                "reason": reason,
+                "from": list(from_states),
+                "id": self.job_id,
+                "me": self.runner_id,
+            },
+        ).fetchone()
+        return row[0] if row else None
+
+    def set_fields(self, **fields):
+        assignments = ", ".join(f"{name} = %({name})s" for name in fields)
+        self.execute(
+            f"UPDATE {JOB} SET {assignments} WHERE id = %(_id)s AND runner = %(_me)s",
+            {**fields, "_id": self.job_id, "_me": self.runner_id},
+        )
+
+    # ---- the snapshot -----------------------------------------------------------------------
+
+    def populate(self, selection_sql, selection_params, canary_size):
+        """Snapshot the job's messages as items, once; returns the total.
+
+        Runs on Django's connection: ``selection_sql`` is a Django queryset's SQL, whose
+        parameters that connection knows how to bind.
+        """
+        from django.db import connection, transaction
+
+        with transaction.atomic(), connection.cursor() as cur:
+            cur.execute(
+                f"SELECT populated_at IS NOT NULL, total FROM {JOB} "
+                "WHERE id = %s AND runner = %s FOR UPDATE",
+                (self.job_id, self.runner_id),
+            )
+            row = cur.fetchone()
+            if row is None or row[0]:
+                return row[1] if row else 0
+            cur.execute(
+                f"""
+                INSERT INTO {ITEM} (job_id, message_id, state, canary, snapshot_replay_count,
+                                    claimed_by, detail)
+                SELECT %s, s.id, 'pending', row_number() OVER (ORDER BY s.id) <= %s,
+                       s.replay_count, '', ''
+                FROM ({selection_sql}) AS s (id, replay_count)
+                ON CONFLICT DO NOTHING
+                """,
+                (self.job_id, canary_size, *selection_params),
+            )
+            cur.execute(f"SELECT count(*) FROM {ITEM} WHERE job_id = %s", (self.job_id,))
+            total = cur.fetchone()[0]
+            cur.execute(
+                f"UPDATE {JOB} SET total = %s, populated_at = now() WHERE id = %s",
+                (total, self.job_id),
+            )
+            return total
+
+    def reclaim(self):
+        """Items a stopped runner left claimed go back to pending; how many."""
+        return self.execute(
+            f"""
+            UPDATE {ITEM} SET state = 'pending', claimed_by = '', claimed_at = NULL
+            WHERE job_id = %s AND state = 'claimed' AND claimed_by <> %s
+            """,
+            (self.job_id, self.runner_id),
+        ).rowcount
+
+    # ---- claims and outcomes ------------------------------------------------------------------
+
+    def claim(self, limit, allowed_statuses, canary_only=False):
+        """Claim up to ``limit`` pending items; (claimed list, skipped count, any_left)."""
+        pg = self.connect()
+        with pg.transaction():
+            items = pg.execute(
+                f"""
+                SELECT id, message_id, snapshot_replay_count FROM {ITEM}
+                WHERE job_id = %s AND state = 'pending' {"AND canary" if canary_only else ""}
+                ORDER BY id LIMIT %s
+                FOR UPDATE SKIP LOCKED
+                """,
+                (self.job_id, limit),
+            ).fetchall()
+            if not items:
+                return [], 0, False
+            message_ids = [m for _i, m, _s in items]
+            rows = {
+                row[0]: row
+                for row in pg.execute(
+                    f"SELECT {MESSAGE_COLUMNS} FROM {MESSAGE} WHERE id = ANY(%s) "
+                    "ORDER BY id FOR UPDATE",
+                    (message_ids,),
+                )
+            }
+            held = dict(
+                pg.execute(
+                    f"SELECT message_id, job_id FROM {ITEM} "
+                    "WHERE message_id = ANY(%s) AND state = 'claimed' AND job_id <> %s",
+                    (message_ids, self.job_id),
+                ).fetchall()
+            )
+            claimed, skipped_ids, skipped_details = [], [], []
+            for item_id, message_id, snapshot in items:
+                row = rows[message_id]
+                status, replay_count = row[1], row[2]
+                if message_id in held:
+                    why = f"skipped: held by job #{held[message_id]}"
+                elif status not in allowed_statuses:
+                    why = f"skipped: the message is {status} now"
+                elif replay_count != snapshot:
+                    why = "skipped: replayed by someone else since the job was created"
+                else:
+                    claimed.append(Claimed(item_id, row))
+                    continue
+                skipped_ids.append(item_id)
+                skipped_details.append(why)
+            if claimed:
+                pg.execute(
+                    f"UPDATE {ITEM} SET state = 'claimed', claimed_by = %s, claimed_at = now() "
+                    "WHERE id = ANY(%s)",
+                    (self.runner_id, [c.item_id for c in claimed]),
+                )
+            if skipped_ids:
+                pg.execute(
+                    f"""
+                    UPDATE {ITEM} i SET state = 'skipped', detail = d.detail, finished_at = now()
+                    FROM unnest(%s::bigint[], %s::text[]) AS d (id, detail) WHERE i.id = d.id
+                    """,
+                    (skipped_ids, skipped_details),
+                )
+                pg.execute(
+                    f"UPDATE {JOB} SET skipped = skipped + %s WHERE id = %s",
+                    (len(skipped_ids), self.job_id),
+                )
+            return claimed, len(skipped_ids), True
+
+    def record(self, results, user_id, via):
+        """Write outcomes: results are (item_id, message_id, outcome, detail, exchange, key).
+
+        Only items this runner still holds are written (the fence); returns the counts written.
+        """
+        confirmed = [r for r in results if r[2] == "confirmed"]
+        others = [r for r in results if r[2] != "confirmed"]
+        counts = {"confirmed": 0, "returned": 0, "nacked": 0, "failed": 0}
+        pg = self.connect()
+        with pg.transaction():
+            written = set()
+            if confirmed:
+                mine = [
+                    row[0]
+                    for row in pg.execute(
+                        f"""
+                        UPDATE {ITEM} SET state = 'confirmed', detail = '', finished_at = now()
+                        WHERE id = ANY(%s) AND claimed_by = %s AND state = 'claimed'
+                        RETURNING id
+                        """,
+                        ([r[0] for r in confirmed], self.runner_id),
+                    )
+                ]
+                written.update(mine)
+                pg.execute(
+                    f"""
+                    UPDATE {MESSAGE} SET status = 'replayed', status_reason = '',
+                           replay_count = replay_count + 1, last_replayed_at = now(),
+                           updated_at = now()
+                    WHERE id = ANY(%s)
+                    """,
+                    ([r[1] for r in confirmed if r[0] in written],),
+                )
+            if others:
+                mine = [
+                    row[0]
+                    for row in pg.execute(
+                        f"""
+                        UPDATE {ITEM} i SET state = d.state, detail = d.detail,
+                               finished_at = now()
+                        FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS d (id, state, detail)
+                        WHERE i.id = d.id AND i.claimed_by = %s AND i.state = 'claimed'
+                        RETURNING i.id
+                        """,
+                        (
+                            [r[0] for r in others],
+                            [r[2] for r in others],
+                            [r[3] for r in others],
+                            self.runner_id,
+                        ),
+                    )
+                ]
+                written.update(mine)
+                failed = [r for r in others if r[0] in written]
+                # A message that was replayed before and fails now needs attention again.
+                pg.execute(
+                    f"""
+                    UPDATE {MESSAGE} m SET status_reason = d.detail, updated_at = now(),
+                           status = CASE WHEN m.status = 'replayed' THEN 'pending'
+                                         ELSE m.status END
+                    FROM unnest(%s::bigint[], %s::text[]) AS d (id, detail) WHERE m.id = d.id
+                    """,
+                    ([r[1] for r in failed], [r[3] for r in failed]),
+                )
+            rows = [r for r in results if r[0] in written]
+            self._log_attempts(pg, rows, user_id, via)
+            for r in rows:
+                counts[r[2]] += 1
+            pg.execute(
+                f"""
+                UPDATE {JOB} SET sent = sent + %s, confirmed = confirmed + %s,
+                       returned = returned + %s, failed = failed + %s
+                WHERE id = %s
+                """,
+                (
+                    len(rows),
+                    counts["confirmed"],
+                    counts["returned"],
+                    counts["nacked"] + counts["failed"],
+                    self.job_id,
+                ),
+            )
+        return counts
+
+    def _log_attempts(self, pg, rows, user_id, via):
+        """One ReplayAttempt and one Activity row per outcome (COPY: the log must not be slower
+        than the replay)."""
+        if not rows:
+            return
+        # COPY takes no expressions: the transaction's now(), the time the items got too.
+        now = pg.execute("SELECT now()").fetchone()[0]
+        with pg.cursor() as cur:
+            with cur.copy(
+                "COPY recovery_replayattempt (message_id, job_id, user_id, exchange, routing_key,"
+                " outcome, detail, edited, created_at) FROM STDIN"
+            ) as copy:
+                for _item, message_id, outcome, detail, exchange, key in rows:
+                    copy.write_row(
+                        (message_id, self.job_id, user_id, exchange, key, outcome, detail)
+                        + (False, now)
+                    )
+            with cur.copy(
+                "COPY recovery_activity (user_id, action, message_id, job_id, detail, via,"
+                " created_at) FROM STDIN"
+            ) as copy:
+                for _item, message_id, outcome, detail, exchange, key in rows:
+                    activity = {
+                        "exchange": exchange,
+                        "routing_key": key,
+                        "outcome": outcome,
+                        "detail": detail,
+                        "edited": False,
+                        "job": self.job_id,
+                    }
+                    copy.write_row(
+                        (user_id, "replay", message_id, self.job_id, json.dumps(activity), via)
+                        + (now,)
+                    )
+
+    def release(self, item_ids, detail=""):
+        """Claimed items go back to pending (not sent, or their outcome is unknown)."""
+        if not item_ids:
+            return 0
+        return self.execute(
+            f"""
+            UPDATE {ITEM} SET state = 'pending', claimed_by = '', claimed_at = NULL, detail = %s
+            WHERE id = ANY(%s) AND claimed_by = %s AND state = 'claimed'
+            """,
+            (detail, list(item_ids), self.runner_id),
+        ).rowcount
+
+    # ---- what came back -------------------------------------------------------------------------
+
+    def dead_again(self, started_at, canary_only=False):
+        """How many of the job's confirmed messages were dead-lettered again (collected with
+        ``origin`` = the replayed message) since the job started."""
+        return self.execute(
+            f"""
+            SELECT count(DISTINCT m.origin_id) FROM {MESSAGE} m
+            JOIN {ITEM} i ON i.message_id = m.origin_id
+            WHERE i.job_id = %s AND i.state = 'confirmed' {"AND i.canary" if canary_only else ""}
+              AND m.collected_at >= %s
+            """,
+            (self.job_id, started_at),
+        ).fetchone()[0]
+
+    def canary_elapsed(self):
+        """Seconds since the canary finished (stamping that moment the first time)."""
+        self.execute(
+            f"UPDATE {JOB} SET canary_sent_at = now() "
+            "WHERE id = %s AND runner = %s AND canary_sent_at IS NULL",
+            (self.job_id, self.runner_id),
+        )
+        return self.execute(
+            f"SELECT extract(epoch FROM now() - canary_sent_at) FROM {JOB} WHERE id = %s",
+            (self.job_id,),
+        ).fetchone()[0]
+
+    def canary_counts(self):
+        """{state: count} of the canary items."""
+        return dict(
+            self.execute(
+                f"SELECT state, count(*) FROM {ITEM} WHERE job_id = %s AND canary GROUP BY state",
+                (self.job_id,),
+            ).fetchall()
+        )
+
+    def reconcile(self):
+        """Set the job's counters from its items (the items are the truth); the counts."""
+        counts = dict(
+            self.execute(
+                f"SELECT state, count(*) FROM {ITEM} WHERE job_id = %s GROUP BY state",
+                (self.job_id,),
+            ).fetchall()
+        )
+        answered = sum(counts.get(s, 0) for s in ("confirmed", "returned", "nacked", "failed"))
+        self.execute(
+            f"""
+            UPDATE {JOB} SET total = %s, sent = %s, confirmed = %s, returned = %s, failed = %s,
+                   skipped = %s
+            WHERE id = %s AND runner = %s
+            """,
+            (
+                sum(counts.values()),
+                answered,
+                counts.get("confirmed", 0),
+                counts.get("returned", 0),
+                counts.get("nacked", 0) + counts.get("failed", 0),
+                counts.get("skipped", 0),
+                self.job_id,
+                self.runner_id,
+            ),
+        )
+        return counts

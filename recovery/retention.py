@@ -1,0 +1,52 @@
+"""Retention: replayed and discarded messages older than RETENTION_DAYS leave the store.
+
+"Older" counts from the message's last change (``updated_at``: when it was replayed or
+discarded), so a message replayed today is kept RETENTION_DAYS from today whatever its age.
+Pending and poisoned messages are never deleted: nobody has dealt with them yet. A message a job
+holds right now is left for the next run. The activity log keeps its rows (their message link
+becomes empty; the message id stays in their detail).
+"""
+
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from recovery.models import Activity, Message, ReplayJobItem, Status
+
+log = logging.getLogger(__name__)
+
+# Rows deleted per transaction: short transactions keep the collector and the console moving.
+BATCH = 2000
+
+
+def apply_retention(days=None, now=None, batch=BATCH):
+    """Delete what retention allows; returns {"messages": n, "cutoff": iso time}."""
+    days = settings.RETENTION_DAYS if days is None else days
+    cutoff = (now or timezone.now()) - timedelta(days=days)
+    expired = (
+        Message.objects.filter(
+            status__in=(Status.REPLAYED, Status.DISCARDED), updated_at__lt=cutoff
+        )
+        .exclude(job_items__state=ReplayJobItem.State.CLAIMED)
+        .order_by()
+    )
+    deleted = 0
+    while True:
+        ids = list(expired.values_list("pk", flat=True)[:batch])
+        if not ids:
+            break
+        with transaction.atomic():
+            # Re-checked inside the delete: a message restored or replayed meanwhile stays.
+            _total, per_model = expired.filter(pk__in=ids).delete()
+        deleted += per_model.get(Message._meta.label, 0)
+    if deleted:
+        log.info("retention: deleted %s messages changed before %s", deleted, cutoff)
+        Activity.objects.create(
+            action="retention",
+            via="system",
+            detail={"messages": deleted, "cutoff": cutoff.isoformat(), "days": days},
+        )
+    return {"messages": deleted, "cutoff": cutoff.isoformat()}
