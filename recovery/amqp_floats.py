@@ -5,11 +5,19 @@ and refuses to encode a float at all (UnsupportedAMQPFieldException). Java, .NET
 send doubles, and Lazarus must store them and replay them exactly, so this module corrects both
 directions of pika's table codec. ``install()`` is idempotent; the Django app and the client
 library call it.
+
+It also keeps a long string ('S') that is not UTF-8 a long string: pika decodes it to ``bytes``
+and would re-encode it as a byte array ('x'); here it becomes ``headers.LongBytes`` and goes back
+out as 'S'. And a timestamp ('T') too large for a datetime (a client sending milliseconds as
+seconds) would make pika's decoder raise, killing the consumer's connection on every redelivery:
+here it becomes ``headers.RawTimestamp`` and goes back out unchanged.
 """
 
 import struct
 
 import pika.data
+
+from recovery.headers import LongBytes, RawTimestamp, datetime_or_none
 
 _original_encode_value = pika.data.encode_value
 _original_decode_value = pika.data.decode_value
@@ -18,6 +26,13 @@ _original_decode_value = pika.data.decode_value
 def encode_value(pieces, value):
     if isinstance(value, float):
         pieces.append(struct.pack(">cd", b"d", value))
+        return 9
+    if isinstance(value, LongBytes):
+        pieces.append(struct.pack(">cI", b"S", len(value)))
+        pieces.append(bytes(value))
+        return 5 + len(value)
+    if isinstance(value, RawTimestamp):
+        pieces.append(struct.pack(">cQ", b"T", value))
         return 9
     return _original_encode_value(pieces, value)
 
@@ -28,7 +43,14 @@ def decode_value(encoded, offset):
         return struct.unpack_from(">d", encoded, offset + 1)[0], offset + 9
     if kind == b"f":
         return struct.unpack_from(">f", encoded, offset + 1)[0], offset + 5
-    return _original_decode_value(encoded, offset)
+    if kind == b"T":
+        seconds = struct.unpack_from(">Q", encoded, offset + 1)[0]
+        moment = datetime_or_none(seconds)
+        return (RawTimestamp(seconds) if moment is None else moment), offset + 9
+    value, end = _original_decode_value(encoded, offset)
+    if kind == b"S" and type(value) is bytes:
+        value = LongBytes(value)
+    return value, end
 
 
 def install():

@@ -1,18 +1,25 @@
-"""The collector: drains the recovery queues into the store, exactly once.
+"""The collector: drains the recovery queues into the store, exactly once, as fast as they fill.
 
-One ``SourceCollector`` thread per (vhost, recovery queue), each with its own AMQP and PostgreSQL
-connection. It batches deliveries, writes each batch in one transaction (COPY + ``INSERT … ON
-CONFLICT DO NOTHING`` on the fingerprint) and acks the batch with one multiple-ack *after* the
-commit. A crash anywhere before the ack means redelivery, and redelivery is harmless.
+One ``SourceCollector`` thread per (vhost, recovery queue) owns an AMQP connection: it consumes,
+turns each delivery into a store row (``recovery.ingest``) and hands batches to its
+``BatchWriter`` thread (``recovery.collector_writer``), which commits them and only then has the
+batch acked, with one multiple-ack. Parsing batch n+1 overlaps with committing batch n. A crash
+anywhere before the ack means redelivery, and redelivery is harmless (unique fingerprint).
 
 It runs inside a Celery worker as a bootstep (``recovery.bootsteps.CollectorStep``): scale out by
 starting more workers; they compete for the same queues. Dedicated pika connections, rather than
 kombu consumers on the worker's own connection, keep the drain independent of task traffic and
-allow multiple-ack, the single biggest factor in drain speed (bench/collector.py).
+allow multiple-ack and pipelining, the biggest factors in drain speed (bench/collector.py).
+
+Memory is bounded by the prefetch window, which is sized in bytes as well as messages (``Window``):
+RabbitMQ pushes up to prefetch-count messages whatever their size, so a queue of 20 MB messages
+with the 1 KiB-message prefetch of 2000 would mean 40 GB in flight.
 """
 
 import contextlib
+import functools
 import logging
+import os
 import socket
 import threading
 import time
@@ -24,15 +31,30 @@ from django.conf import settings
 from django.db import connections
 
 from recovery.broker import amqp_parameters
-from recovery.ingest import delivery_to_row, store_rows
+from recovery.collector_writer import (
+    BACKOFF_FIRST,
+    BACKOFF_MAX,
+    Batch,
+    Counters,
+    WriterFailed,
+    WriterPool,
+)
+from recovery.ingest import delivery_to_row, source_of
 from recovery.topology import Names
 
 log = logging.getLogger(__name__)
 
-# Reconnect back-off: short first (a connection closed by an operator comes back at once), capped
-# so a long outage does not become a tight loop.
-BACKOFF_FIRST, BACKOFF_MAX = 0.5, 10.0
-HEARTBEAT_SECONDS = 5.0
+# The in-flight byte budget the prefetch count is derived from (COLLECTOR_PREFETCH_BYTES): with
+# 1 KiB messages it allows the full COLLECTOR_PREFETCH, with 20 MB ones 3 at a time.
+# A batch is flushed early once it holds this many body bytes (COPY buffers them again).
+BATCH_MAX_BYTES = 16 * 1024 * 1024
+# Consumer-side wake-up: how long to wait for a delivery before looking at the clock again.
+POLL_SECONDS = 0.05
+HEARTBEAT = 30  # AMQP heartbeat (s); a dead TCP peer is noticed within two of them
+# Database writers per source connection. PostgreSQL spends ~3/4 of a batch maintaining the
+# store's indexes, in its own process: a second writer lets that use a second core while the
+# first commits. More than the cores the database has only adds lock and context-switch churn.
+WRITERS = 2
 
 
 def database_conninfo(alias="default"):
@@ -45,28 +67,61 @@ def database_conninfo(alias="default"):
         host=cfg["HOST"] or None,
         port=cfg["PORT"] or None,
         application_name="lazarus-collector",
+        connect_timeout=10,
+        # A database host that vanishes without a RST must not hang a batch forever.
+        keepalives=1,
+        keepalives_idle=10,
+        keepalives_interval=5,
+        keepalives_count=3,
     )
 
 
-class Counters:
-    """Per-source counters shared with /healthz via the database-free process snapshot."""
+class Window:
+    """The prefetch window: a count derived from a byte budget and the biggest recent body.
 
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.collected = 0
-        self.duplicates = 0
-        self.quarantined = 0
-        self.errors = 0
-        self.last_error = ""
+    RabbitMQ fixes a consumer's prefetch when it subscribes (quorum queues have no channel-wide
+    prefetch), so a new size means cancel and subscribe again (``changed``); the deliveries
+    prefetched but not taken go back to the queue. The window starts small, because a queue of
+    huge messages must not flood memory before the first one is seen, and grows fourfold per
+    batch while bodies are small, like TCP slow start; a big body shrinks it at once (deliveries
+    already in flight still arrive).
+    """
 
-    def add(self, collected=0, duplicates=0, quarantined=0):
-        with self.lock:
-            self.collected += collected
-            self.duplicates += duplicates
-            self.quarantined += quarantined
+    GROWTH = 4
+
+    def __init__(self, maximum, budget_bytes, max_body_bytes):
+        self.maximum = maximum
+        self.budget = budget_bytes
+        self.size = self._fit(max_body_bytes)
+        self.changed = False
+
+    def _fit(self, body_size):
+        return max(1, min(self.maximum, self.budget // max(body_size, 1)))
+
+    def saw(self, body_size):
+        """A delivery of this size arrived: shrink now if the window no longer fits the budget."""
+        if body_size * self.size > self.budget:
+            self._resize(self._fit(body_size))
+
+    def after_batch(self, batch):
+        target = self._fit(batch.biggest)
+        if target > self.size:
+            self._resize(min(target, self.size * self.GROWTH))
+
+    def _resize(self, size):
+        if size != self.size:
+            self.size, self.changed = size, True
+
+    def subscribe(self, channel, queue):
+        """(Re)subscribe with the current size; returns the consume generator."""
+        self.changed = False
+        channel.basic_qos(prefetch_count=self.size)
+        return channel.consume(queue, inactivity_timeout=POLL_SECONDS)
 
 
 class SourceCollector(threading.Thread):
+    """Drains one recovery queue of one vhost into the store; reconnects until stopped."""
+
     def __init__(
         self,
         vhost,
@@ -78,22 +133,34 @@ class SourceCollector(threading.Thread):
         flush_seconds=None,
         max_body_bytes=None,
         quarantine_queue=None,
+        prefetch_bytes=None,
+        source=None,
+        writers=WRITERS,
     ):
         super().__init__(name=f"collector:{vhost}:{queue}", daemon=True)
         self.vhost = vhost
         self.queue = queue
+        self.source = source or source_of(queue)
         self.conninfo = conninfo
         self.stop_event = stop_event
         self.prefetch = prefetch or settings.COLLECTOR_PREFETCH
+        self.prefetch_bytes = prefetch_bytes or settings.COLLECTOR_PREFETCH_BYTES
         self.batch_size = batch_size or settings.COLLECTOR_BATCH_SIZE
         self.flush_seconds = flush_seconds or settings.COLLECTOR_FLUSH_SECONDS
         self.max_body_bytes = max_body_bytes or settings.COLLECTOR_MAX_BODY_BYTES
         self.quarantine_queue = quarantine_queue or settings.RECOVERY_QUARANTINE_QUEUE
         self.poison_threshold = settings.POISON_THRESHOLD
+        self.writers = writers
         self.counters = Counters()
-        self.pg = None
-        self.worker = f"{socket.gethostname()}:{threading.get_native_id()}"
+        self.worker = f"{socket.gethostname()}:{os.getpid()}"
+        self.beat_lock = threading.Lock()
         self.last_beat = 0.0
+        self.beat_collected = 0
+        # Per connection: deliveries handed to the writers and not yet acked, and the batches
+        # stored out of order, waiting for the ones before them (acks go in order).
+        self.in_flight = 0
+        self.next_seq = self.ack_seq = 0
+        self.stored_out_of_order = {}
 
     def run(self):
         backoff = BACKOFF_FIRST
@@ -101,164 +168,110 @@ class SourceCollector(threading.Thread):
             try:
                 self.drain()
                 backoff = BACKOFF_FIRST
-            except (pika.exceptions.AMQPError, psycopg.Error, OSError) as exc:
-                self.counters.errors += 1
-                self.counters.last_error = f"{type(exc).__name__}: {exc}"
-                log.warning("collector %s/%s: %s; reconnecting", self.vhost, self.queue, exc)
-                self._close_pg()
+            except (pika.exceptions.AMQPError, psycopg.Error, OSError, WriterFailed) as exc:
+                self.counters.error(exc)
+                log.warning("%s: %s: %s; reconnecting", self.name, type(exc).__name__, exc)
                 self.stop_event.wait(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX)
-        self._close_pg()
-
-    def _close_pg(self):
-        if self.pg is not None:
-            with contextlib.suppress(psycopg.Error):
-                self.pg.close()
-            self.pg = None
-
-    def _pg(self):
-        if self.pg is None or self.pg.closed:
-            self.pg = psycopg.connect(self.conninfo, autocommit=True)
-        return self.pg
+            except Exception as exc:  # noqa: BLE001 - a collector thread must never die
+                self.counters.error(exc)
+                log.exception("%s: unexpected error; reconnecting", self.name)
+                self.stop_event.wait(BACKOFF_MAX)
 
     def drain(self):
-        """Consume until stopped or a connection fails (the caller reconnects)."""
-        connection = pika.BlockingConnection(amqp_parameters(self.vhost, heartbeat=30))
+        """Consume until stopped or a connection fails (``run`` reconnects)."""
+        connection = pika.BlockingConnection(amqp_parameters(self.vhost, heartbeat=HEARTBEAT))
+        writer = WriterPool(self, connection, self.writers)
+        self.in_flight = self.next_seq = self.ack_seq = 0
+        self.stored_out_of_order = {}
         try:
             channel = connection.channel()
-            channel.basic_qos(prefetch_count=self.prefetch)
-            quarantine = connection.channel()
-            quarantine.confirm_delivery()
-            batch, last_tag = [], None
-            for method, properties, body in channel.consume(
-                self.queue, inactivity_timeout=self.flush_seconds
-            ):
-                if method is not None:
-                    row = self.to_row(quarantine, method, properties, body)
-                    if row is not None:
-                        batch.append((row, properties, body))
-                    last_tag = method.delivery_tag
-                if last_tag is not None and (method is None or len(batch) >= self.batch_size):
-                    self.flush(channel, quarantine, batch, last_tag)
-                    batch, last_tag = [], None
-                if method is None:
-                    self.beat()
-                if self.stop_event.is_set():
-                    break
-            if last_tag is not None:
-                self.flush(channel, quarantine, batch, last_tag)
+            window = Window(self.prefetch, self.prefetch_bytes, self.max_body_bytes)
+            writer.start()
+            batch = Batch()
+            while not self.stop_event.is_set():
+                for method, properties, body in window.subscribe(channel, self.queue):
+                    writer.raise_if_failed()
+                    if method is not None:
+                        self.take(batch, method, properties, body)
+                        window.saw(len(body))
+                    if batch and self.due(batch, window):
+                        self.flush(writer, channel, batch)
+                        window.after_batch(batch)
+                        batch = Batch()
+                    if self.stop_event.is_set() or window.changed:
+                        break
+                # Gives back what was prefetched but not taken (the batch keeps its deliveries).
+                channel.cancel()
+            if batch:
+                self.flush(writer, channel, batch)
+            self.wait_for_acks(connection, writer)
         finally:
+            writer.close()
             if connection.is_open:
-                with contextlib.suppress(pika.exceptions.AMQPError):
+                with contextlib.suppress(pika.exceptions.AMQPError, OSError):
                     connection.close()
 
-    def to_row(self, quarantine, method, properties, body):
-        """The store row for a delivery, or None after sending it to quarantine (confirmed)."""
-        if len(body) > self.max_body_bytes:
-            return self.quarantine(
-                quarantine, properties, body, f"body {len(body)} B > limit {self.max_body_bytes} B"
-            )
+    def take(self, batch, method, properties, body):
+        """Add one delivery to the batch, as a row or, if it cannot be one, for quarantine."""
+        size = len(body)
+        if size > self.max_body_bytes:
+            reason = f"body {size} B > limit {self.max_body_bytes} B (COLLECTOR_MAX_BODY_BYTES)"
+            batch.add(method.delivery_tag, size, properties=properties, body=body, reason=reason)
+            return
         try:
-            return delivery_to_row(
+            row = delivery_to_row(
                 self.vhost,
                 self.queue,
                 method.exchange,
                 method.routing_key,
                 properties,
                 body,
+                source=self.source,
                 poison_threshold=self.poison_threshold,
             )
-        except Exception as exc:  # noqa: BLE001 - a parser bug must not lose the message
-            log.exception("collector %s/%s: cannot parse a delivery", self.vhost, self.queue)
-            return self.quarantine(quarantine, properties, body, f"parse error: {exc!r}")
-
-    def quarantine(self, channel, properties, body, reason):
-        headers = dict(properties.headers or {})
-        headers["x-quarantine-reason"] = reason[:1000]
-        headers["x-quarantine-source"] = self.queue
-        properties.headers = headers
-        # Raises (and so never acks) if the broker will not take it.
-        channel.basic_publish("", self.quarantine_queue, body, properties, mandatory=True)
-        log.error("collector %s/%s: quarantined a message: %s", self.vhost, self.queue, reason)
-        self.counters.add(quarantined=1)
-        return None
-
-    def flush(self, channel, quarantine, batch, last_tag):
-        """Store a batch, then ack it (multiple) — never the other way round."""
-        new = self.store(channel, quarantine, batch)
-        channel.basic_ack(last_tag, multiple=True)
-        self.counters.add(collected=new, duplicates=len(batch) - new)
-        self.beat()
-
-    def store(self, channel, quarantine, batch):
-        # Retry the database until it answers: the deliveries stay unacked (and safe in the
-        # broker) meanwhile. A broken AMQP connection ends the retry: they will be redelivered.
-        delay = BACKOFF_FIRST
-        while True:
-            try:
-                return store_rows(self._pg(), [row for row, _props, _body in batch])
-            except psycopg.OperationalError as exc:
-                log.warning(
-                    "collector %s/%s: database error %s; retrying", self.vhost, self.queue, exc
-                )
-                self.counters.errors += 1
-                self.counters.last_error = f"{type(exc).__name__}: {exc}"
-                self._close_pg()
-                if self.stop_event.is_set():
-                    raise
-                channel.connection.sleep(delay)  # keeps AMQP heartbeats flowing
-                delay = min(delay * 2, BACKOFF_MAX)
-            except psycopg.Error as exc:
-                # The batch holds a row the database refuses (not a transient failure): store
-                # row by row and quarantine the ones refused, instead of retrying forever.
-                log.warning(
-                    "collector %s/%s: batch refused (%s); storing one by one",
-                    self.vhost,
-                    self.queue,
-                    exc,
-                )
-                return self.store_one_by_one(quarantine, batch)
-
-    def store_one_by_one(self, quarantine, batch):
-        new = 0
-        for row, properties, body in batch:
-            try:
-                new += store_rows(self._pg(), [row])
-            except psycopg.OperationalError:
-                raise
-            except psycopg.Error as exc:
-                self.quarantine(quarantine, properties, body, f"database refused: {exc}")
-        return new
-
-    def beat(self, every=HEARTBEAT_SECONDS):
-        """Upsert this thread's counters so /healthz and the console can see every collector."""
-        now = time.monotonic()
-        if now - self.last_beat < every:
+        except Exception as exc:  # noqa: BLE001 - a parser bug must not lose (or block) a message
+            log.exception("%s: cannot parse a delivery", self.name)
+            reason = f"parse error: {type(exc).__name__}: {exc}"
+            batch.add(method.delivery_tag, size, properties=properties, body=body, reason=reason)
             return
-        self.last_beat = now
-        c = self.counters
-        self._pg().execute(
-            """
-            INSERT INTO recovery_collectorheartbeat
-              (worker, vhost, queue, collected, duplicates, quarantined, errors, last_error,
-               started_at, updated_at)
-            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, now(), now())
-            ON CONFLICT (worker, vhost, queue) DO UPDATE SET
-              collected = EXCLUDED.collected, duplicates = EXCLUDED.duplicates,
-              quarantined = EXCLUDED.quarantined, errors = EXCLUDED.errors,
-              last_error = EXCLUDED.last_error, updated_at = now()
-            """,
-            (
-                self.worker,
-                self.vhost,
-                self.queue,
-                c.collected,
-                c.duplicates,
-                c.quarantined,
-                c.errors,
-                c.last_error[:2000],
-            ),
+        batch.add(method.delivery_tag, size, row=row, properties=properties, body=body)
+
+    def due(self, batch, window):
+        return (
+            batch.count >= self.batch_size
+            or batch.bytes >= BATCH_MAX_BYTES
+            # The broker sends nothing more until we ack: waiting would only add latency.
+            or self.in_flight + batch.count >= window.size
+            or time.monotonic() - batch.started >= self.flush_seconds
         )
+
+    def flush(self, writer, channel, batch):
+        self.in_flight += batch.count
+        writer.submit(batch, functools.partial(self.stored, channel, self.next_seq))
+        self.next_seq += 1
+
+    def stored(self, channel, seq, batch, new):
+        """Runs in this thread (add_callback_threadsafe) once a writer committed a batch.
+
+        Acks, with one multiple-ack, every batch up to the first one still being written: a
+        multiple-ack covers every earlier delivery tag, so it must never pass an uncommitted one.
+        """
+        self.stored_out_of_order[seq] = batch
+        last_tag = None
+        while self.ack_seq in self.stored_out_of_order:
+            done = self.stored_out_of_order.pop(self.ack_seq)
+            self.ack_seq += 1
+            self.in_flight -= done.count
+            last_tag = done.last_tag
+        if last_tag is not None and channel.is_open:
+            channel.basic_ack(last_tag, multiple=True)
+
+    def wait_for_acks(self, connection, writer, timeout=30.0):
+        deadline = time.monotonic() + timeout
+        while self.in_flight and time.monotonic() < deadline:
+            writer.raise_if_failed()
+            connection.process_data_events(time_limit=0.05)
 
 
 def start_collectors(vhosts=None, names=None, conninfo=None, **tunables):
@@ -267,7 +280,9 @@ def start_collectors(vhosts=None, names=None, conninfo=None, **tunables):
     conninfo = conninfo or database_conninfo()
     stop_event = threading.Event()
     threads = [
-        SourceCollector(vhost, queue, conninfo, stop_event, **tunables)
+        SourceCollector(
+            vhost, queue, conninfo, stop_event, source=source_of(queue, names), **tunables
+        )
         for vhost in (vhosts or settings.RECOVERY_VHOSTS)
         for queue in names.source_queues
     ]

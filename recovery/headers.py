@@ -7,6 +7,11 @@ while plain strings, ints and booleans stay plain (searchable with ordinary JSON
 
 A user table that happens to contain the key ``"$t"`` is wrapped as ``{"$t": "table", "v": {...}}``
 so it cannot be mistaken for a tag.
+
+AMQP has two kinds of octet strings: long strings ('S', text by convention) and byte arrays ('x').
+pika hands a long string that is not valid UTF-8 over as ``bytes``, the same type as a byte array,
+and would send it back as a byte array. ``LongBytes`` marks such a value (``recovery.amqp_floats``
+decodes and encodes it as 'S') so a Java or .NET consumer gets back the type it was sent.
 """
 
 import base64
@@ -17,9 +22,45 @@ import math
 TAG = "$t"
 
 
+class LongBytes(bytes):
+    """An AMQP long string ('S') whose octets are not UTF-8 (pika would make it a byte array)."""
+
+
+class RawTimestamp(int):
+    """An AMQP timestamp ('T') too large for a datetime (e.g. milliseconds sent as seconds)."""
+
+
+def datetime_or_none(seconds):
+    try:
+        return datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC)
+    except (OverflowError, ValueError, OSError):
+        return None
+
+
 def to_json(value):
     """One AMQP (pika or py-amqp decoded) value -> a JSON-safe value."""
-    if value is None or isinstance(value, bool | str):
+    # Fast path for the types pika produces (the collector converts every header of every
+    # message); subclasses and other libraries' types fall through to the general case.
+    kind = type(value)
+    if kind is str:
+        # PostgreSQL's jsonb cannot hold U+0000; keep such a string as its NUL-separated parts.
+        return value if "\x00" not in value else {TAG: "str0", "v": value.split("\x00")}
+    if kind is int or kind is bool or value is None:
+        return value
+    if kind is dict:
+        table = {str(k): to_json(v) for k, v in value.items()}
+        return {TAG: "table", "v": table} if TAG in table else table
+    if kind is list:
+        return [to_json(item) for item in value]
+    return _other_to_json(value)
+
+
+def _other_to_json(value):
+    if isinstance(value, str):
+        return to_json(str(value))
+    if isinstance(value, RawTimestamp):
+        return {TAG: "timestamp", "v": int(value)}
+    if isinstance(value, bool):
         return value
     if isinstance(value, int):
         return value
@@ -33,6 +74,8 @@ def to_json(value):
         if value.tzinfo is None:
             value = value.replace(tzinfo=datetime.UTC)
         return {TAG: "timestamp", "v": int(value.timestamp())}
+    if isinstance(value, LongBytes):
+        return {TAG: "lstr", "v": base64.b64encode(value).decode("ascii")}
     if isinstance(value, bytes | bytearray | memoryview):
         return {TAG: "bytes", "v": base64.b64encode(bytes(value)).decode("ascii")}
     if isinstance(value, dict):
@@ -61,9 +104,14 @@ def from_json(value):
     if tag == "decimal":
         return decimal.Decimal(raw)
     if tag == "timestamp":
-        return datetime.datetime.fromtimestamp(raw, tz=datetime.UTC).replace(tzinfo=None)
+        moment = datetime_or_none(raw)
+        return RawTimestamp(raw) if moment is None else moment.replace(tzinfo=None)
     if tag == "bytes":
         return base64.b64decode(raw)
+    if tag == "lstr":
+        return LongBytes(base64.b64decode(raw))
+    if tag == "str0":
+        return "\x00".join(raw)
     if tag == "table":
         return {k: from_json(v) for k, v in raw.items()}
     if tag == "repr":
@@ -89,8 +137,9 @@ def plain(value):
     if tag is None:
         return {k: plain(v) for k, v in value.items()}
     if tag == "timestamp":
-        return datetime.datetime.fromtimestamp(value["v"], tz=datetime.UTC).isoformat()
-    if tag == "bytes":
+        moment = datetime_or_none(value["v"])
+        return f"{value['v']} (out of range)" if moment is None else moment.isoformat()
+    if tag in ("bytes", "lstr"):
         raw = base64.b64decode(value["v"])
         try:
             return raw.decode("utf-8")
@@ -98,4 +147,6 @@ def plain(value):
             return "0x" + raw.hex()
     if tag == "table":
         return {k: plain(v) for k, v in value["v"].items()}
+    if tag == "str0":
+        return "\x00".join(value["v"])
     return value["v"]

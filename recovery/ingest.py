@@ -1,14 +1,26 @@
-"""Turn one AMQP delivery from a recovery queue into one recovery-store row, and store batches.
+"""Turn one delivery from a recovery queue into one recovery-store row, and store batches.
 
-Pure functions (``delivery_to_row``, ``x_death_summary``, ``fingerprint_of``) plus ``store_rows``,
-which writes a batch with one COPY into a temporary table and one ``INSERT … ON CONFLICT DO
-NOTHING``: the collector is at-least-once, the unique fingerprint makes the store exactly-once.
+Which recovery queue a delivery came from says what happened to it:
+
+- ``dead_letters`` (fed by the DLX): the broker dead-lettered it. ``x-death`` says in which queue,
+  why (``rejected|expired|maxlen|delivery_limit``) and how often; the most recent death is first.
+- ``unrouted`` (the alternate exchange): nothing was bound for it. The delivery still carries the
+  exchange it was published to and its routing key.
+- ``returns``: the client library handed it over after a ``basic.return``, a nack or no confirm;
+  its ``x-recovery-*`` headers (DESIGN.md) say which and where it was going.
+
+``delivery_to_row`` is pure (it is called for every message, so it is written for speed: one JSON
+encoding of the headers serves both the fingerprint and the COPY). ``store_rows`` writes a batch
+with one COPY into a temporary table and one ``INSERT … ON CONFLICT DO NOTHING``: the collector is
+at-least-once, the unique fingerprint makes the store exactly-once.
 """
 
 import datetime
+import functools
 import hashlib
 import json
 import re
+from typing import NamedTuple
 
 from recovery import headers as header_codec
 
@@ -28,74 +40,99 @@ PROPERTY_NAMES = (
     "cluster_id",
 )
 
-# Headers the broker adds per delivery of *our* recovery queue; they differ between a delivery
-# and its redelivery, so they must not take part in the fingerprint.
+DEAD_LETTERS, UNROUTED, RETURNS = "dead_letters", "unrouted", "returns"
+
+# Headers the broker adds per delivery of *our* recovery queue (quorum queues count deliveries);
+# they differ between a delivery and its redelivery, so they must not take part in the fingerprint.
 DELIVERY_SCOPED_HEADERS = ("x-delivery-count",)
 
 # Headers frameworks use to say why a consumer gave up (Spring AMQP, our client, common custom).
 EXCEPTION_TYPE_HEADERS = ("x-exception-type", "x-exception-class", "exception-type")
-EXCEPTION_MESSAGE_HEADERS = ("x-exception-message", "x-exception", "exception-message")
+EXCEPTION_MESSAGE_HEADERS = (
+    "x-exception-message",
+    "x-exception",
+    "exception-message",
+    "x-recovery-detail",
+)
 
+# x-recovery-kind -> the reason when x-recovery-reason is missing or unknown.
 RETURN_KINDS = {"returned": "no_route", "nacked": "nack", "unconfirmed": "timeout"}
-
-ROW_COLUMNS = (
-    "kind",
-    "vhost",
-    "source_queue",
-    "source_exchange",
-    "routing_keys",
-    "reason",
-    "death_count",
-    "first_death_at",
-    "last_death_at",
-    "message_id",
-    "correlation_id",
-    "properties",
-    "headers",
-    "body",
-    "body_size",
-    "content_type",
-    "content_encoding",
-    "fingerprint",
-    "group_key",
-    "group_label",
-    "status",
-    "status_reason",
-    "replay_count",
-    "origin_id",
+REASONS = frozenset(
+    ("rejected", "expired", "maxlen", "delivery_limit", "no_route", "nack", "timeout")
 )
 
 
-def _as_text(value):
+class StoreRow(NamedTuple):
+    """One recovery_message row, in COPY column order; JSON columns are already JSON text."""
+
+    kind: str
+    vhost: str
+    source_queue: str
+    source_exchange: str
+    routing_keys: str
+    reason: str
+    death_count: int
+    first_death_at: datetime.datetime | None
+    last_death_at: datetime.datetime | None
+    message_id: str
+    correlation_id: str
+    properties: str
+    headers: str
+    body: bytes
+    body_size: int
+    content_type: str
+    content_encoding: str
+    fingerprint: str
+    group_key: str
+    group_label: str
+    status: str
+    status_reason: str
+    replay_count: int
+    origin_id: int | None
+
+
+ROW_COLUMNS = StoreRow._fields
+
+
+def _text(value, limit=None):
+    """A header or property value as database text (PostgreSQL text cannot hold NUL)."""
     if value is None:
         return ""
     if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return str(value)
+        value = value.decode("utf-8", "replace")
+    elif not isinstance(value, str):
+        value = str(value)
+    if "\x00" in value:
+        value = value.replace("\x00", "")
+    return value[:limit] if limit else value
 
 
 def _as_datetime(value):
     if isinstance(value, datetime.datetime):
         return value if value.tzinfo else value.replace(tzinfo=datetime.UTC)
-    if isinstance(value, int | float):
-        return datetime.datetime.fromtimestamp(value, tz=datetime.UTC)
     return None
 
 
 def _as_int(value, default=0):
+    if type(value) is int:
+        return value
+    if value is None:
+        return default
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return default
 
 
 def x_death_summary(x_death):
     """Queue, exchange, routing keys, reason, total count and first/last time of an x-death list.
 
-    RabbitMQ keeps x-death most-recent-first, one entry per (queue, reason); the message is to be
-    replayed to the queue of its most recent death.
+    RabbitMQ keeps one entry per (queue, reason), most recent first; the message goes back to the
+    queue of its most recent death. Anything malformed (a producer can forge x-death) is skipped.
     """
-    entries = [e for e in (x_death or []) if isinstance(e, dict)]
+    if not isinstance(x_death, list):
+        return None
+    entries = [e for e in x_death if isinstance(e, dict)]
     if not entries:
         return None
     latest = entries[0]
@@ -104,153 +141,202 @@ def x_death_summary(x_death):
     if not isinstance(routing_keys, list):
         routing_keys = [routing_keys]
     return {
-        "queue": _as_text(latest.get("queue")),
-        "exchange": _as_text(latest.get("exchange")),
-        "routing_keys": [_as_text(k) for k in routing_keys],
-        "reason": _as_text(latest.get("reason")) or "unknown",
-        "count": sum(_as_int(e.get("count"), 1) for e in entries),
+        "queue": _text(latest.get("queue")),
+        "exchange": _text(latest.get("exchange")),
+        "routing_keys": [_text(k) for k in routing_keys],
+        "reason": _text(latest.get("reason")),
+        "count": sum(max(_as_int(e.get("count"), 1), 0) for e in entries),
         "first_at": min(times) if times else None,
         "last_at": max(times) if times else None,
     }
 
 
-def fingerprint_of(vhost, queue, properties_json, headers_json, body):
-    stable_headers = {k: v for k, v in headers_json.items() if k not in DELIVERY_SCOPED_HEADERS}
-    digest = hashlib.sha256()
-    digest.update(
-        json.dumps([vhost, queue, properties_json, stable_headers], sort_keys=True).encode()
-    )
+_NUMBERS = re.compile(r"\d+")
+
+
+@functools.lru_cache(maxsize=4096)
+def _group(where, reason, exc_type, exc_message):
+    # Ids and counts inside an exception message or a routing key would make every message its
+    # own group.
+    exc_message = _NUMBERS.sub("#", exc_message.splitlines()[0] if exc_message else "")[:200]
+    label = " · ".join(part for part in (where, reason, exc_type[:200], exc_message) if part)
+    return hashlib.sha1(label.encode()).hexdigest(), label
+
+
+def failure_group(where, reason, headers):
+    """(key, label) grouping messages that failed the same way: where, reason, exception."""
+    exc_type = next((_text(headers[h]) for h in EXCEPTION_TYPE_HEADERS if h in headers), "")
+    exc_message = next((_text(headers[h]) for h in EXCEPTION_MESSAGE_HEADERS if h in headers), "")
+    return _group(where or "(unknown)", reason, exc_type, exc_message)
+
+
+def properties_to_json(properties):
+    values = {}
+    for name in PROPERTY_NAMES:
+        value = getattr(properties, name, None)
+        if value is not None:
+            values[name] = header_codec.to_json(value)
+    return values
+
+
+def fingerprint_of(vhost, queue, properties_text, headers_text, body):
+    """Identity of a delivery's content: equal for a redelivery of it, different otherwise."""
+    digest = hashlib.sha256(f"{vhost}\x00{queue}\x00{properties_text}\x00{headers_text}".encode())
     digest.update(b"\x00")
     digest.update(body)
     return digest.hexdigest()
 
 
-_NUMBERS = re.compile(r"\d+")
+# Sorted keys: a redelivery must produce the same text whatever order a table arrives in.
+_dumps = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
 
 
-def failure_group(queue, reason, headers):
-    """Key + label grouping messages that failed the same way (queue, reason, exception)."""
-    exc_type = next((_as_text(headers[h]) for h in EXCEPTION_TYPE_HEADERS if h in headers), "")
-    exc_message = next(
-        (_as_text(headers[h]) for h in EXCEPTION_MESSAGE_HEADERS if h in headers), ""
-    )
-    # Ids and counts inside an exception message would make every message its own group.
-    exc_message = _NUMBERS.sub("#", exc_message.splitlines()[0] if exc_message else "")[:200]
-    label = " · ".join(
-        part for part in (queue or "(no queue)", reason, exc_type, exc_message) if part
-    )
-    return hashlib.sha1(label.encode()).hexdigest(), label
+def _dead_letter_origin(headers, routing_key):
+    """Where a dead letter came from: x-death, or what a republishing framework left."""
+    death = x_death_summary(headers.get("x-death"))
+    if death is not None:
+        return death, death["reason"], death["queue"], death["exchange"], death["routing_keys"]
+    # Published to the DLX by hand or by a framework (Spring's RepublishMessageRecoverer keeps
+    # x-original-*): no broker death to read. The routing key it arrived with is usually the
+    # queue it came from, which makes the default replay target (default exchange) right.
+    exchange = _text(headers.get("x-original-exchange"))
+    key = _text(headers.get("x-original-routingKey") or routing_key)
+    return None, "unknown", "", exchange, [key]
 
 
-def properties_to_json(properties):
-    return {
-        name: header_codec.to_json(getattr(properties, name, None))
-        for name in PROPERTY_NAMES
-        if getattr(properties, name, None) is not None
-    }
+def _route_label(exchange, routing_key):
+    return f"{exchange or '(default exchange)'} → {_NUMBERS.sub('#', routing_key)}"
 
 
-def delivery_to_row(vhost, queue, exchange, routing_key, properties, body, poison_threshold=3):
-    """A delivery from one of the recovery queues -> a dict with ROW_COLUMNS.
+def delivery_to_row(
+    vhost, queue, exchange, routing_key, properties, body, *, source=None, poison_threshold=3
+):
+    """A delivery from one of the recovery queues -> a StoreRow.
 
-    ``queue`` is the recovery queue it was consumed from; which one says what kind it is.
+    ``queue`` is the recovery queue it was consumed from and ``source`` which one it is
+    (DEAD_LETTERS, UNROUTED or RETURNS; looked up in the settings when not given).
     """
-    headers = dict(getattr(properties, "headers", None) or {})
+    source = source or source_of(queue)
+    headers = properties.headers or {}
     body = bytes(body or b"")
     headers_json = header_codec.headers_to_json(headers)
     properties_json = properties_to_json(properties)
-    death = x_death_summary(headers.get("x-death"))
-    recovery_kind = _as_text(headers.get("x-recovery-kind"))
+    death = first_at = None
+    death_count = 0
 
-    if death is not None:
-        kind, reason = "dead_letter", death["reason"]
-        source_queue, source_exchange = death["queue"], death["exchange"]
-        routing_keys = death["routing_keys"] or [routing_key]
-    elif recovery_kind in RETURN_KINDS:
-        kind, reason = recovery_kind, RETURN_KINDS[recovery_kind]
+    if source == DEAD_LETTERS:
+        kind = "dead_letter"
+        death, reason, source_queue, source_exchange, routing_keys = _dead_letter_origin(
+            headers, routing_key
+        )
+        where = source_queue or _route_label(source_exchange, routing_keys[0])
+    elif source == RETURNS:
+        kind = _text(headers.get("x-recovery-kind"))
+        if kind not in RETURN_KINDS:
+            kind, reason = "returned", "unknown"  # not handed over by our client library
+        else:
+            reason = _text(headers.get("x-recovery-reason"))
+            reason = reason if reason in REASONS else RETURN_KINDS[kind]
         source_queue = ""
-        source_exchange = _as_text(headers.get("x-recovery-exchange"))
-        routing_keys = [_as_text(headers.get("x-recovery-routing-key", ""))]
+        source_exchange = _text(headers.get("x-recovery-exchange"))
+        routing_keys = [_text(headers.get("x-recovery-routing-key"))]
+        death_count = max(_as_int(headers.get("x-recovery-attempts"), 0), 0)
+        first_at = _as_datetime(headers.get("x-recovery-first-attempt-at"))
+        where = _route_label(source_exchange, routing_keys[0])
     else:
-        # Caught by the alternate exchange: the delivery still names the exchange it was
-        # published to and its routing key.
+        # Caught by the alternate exchange: the delivery names the exchange it was published to
+        # and its routing key. An earlier death, if any, is kept as history.
         kind, reason = "unroutable", "no_route"
-        source_queue, source_exchange, routing_keys = "", exchange, [routing_key]
+        death = x_death_summary(headers.get("x-death"))
+        source_queue, source_exchange, routing_keys = "", _text(exchange), [_text(routing_key)]
+        where = _route_label(source_exchange, routing_keys[0])
 
-    if reason not in (
-        "rejected",
-        "expired",
-        "maxlen",
-        "delivery_limit",
-        "no_route",
-        "nack",
-        "timeout",
-    ):
+    if reason not in REASONS:
         reason = "unknown"
-    replay_count = _as_int(headers.get("x-recovery-replay-count"), 0)
+    if death is not None:
+        death_count, first_at = death["count"], death["first_at"]
+
+    headers_text = _dumps(headers_json)
+    stable_text = headers_text
+    if any(h in headers_json for h in DELIVERY_SCOPED_HEADERS):
+        stable_text = _dumps(
+            {k: v for k, v in headers_json.items() if k not in DELIVERY_SCOPED_HEADERS}
+        )
+    properties_text = _dumps(properties_json)
+
+    replay_count = max(_as_int(headers.get("x-recovery-replay-count"), 0), 0)
     origin_id = _as_int(headers.get("x-recovery-origin"), 0) or None
-    group_key, group_label = failure_group(source_queue or source_exchange, reason, headers)
-    return {
-        "kind": kind,
-        "vhost": vhost,
-        "source_queue": source_queue,
-        "source_exchange": source_exchange,
-        "routing_keys": routing_keys,
-        "reason": reason,
-        "death_count": death["count"] if death else 0,
-        "first_death_at": death["first_at"] if death else None,
-        "last_death_at": death["last_at"] if death else None,
-        "message_id": _as_text(getattr(properties, "message_id", None))[:255],
-        "correlation_id": _as_text(getattr(properties, "correlation_id", None))[:255],
-        "properties": properties_json,
-        "headers": headers_json,
-        "body": body,
-        "body_size": len(body),
-        "content_type": _as_text(getattr(properties, "content_type", None))[:255],
-        "content_encoding": _as_text(getattr(properties, "content_encoding", None))[:255],
-        "fingerprint": fingerprint_of(vhost, queue, properties_json, headers_json, body),
-        "group_key": group_key,
-        "group_label": group_label,
+    if origin_id is not None and not 0 < origin_id < 2**63:
+        origin_id = None
+    group_key, group_label = failure_group(where, reason, headers)
+    return StoreRow(
+        kind=kind,
+        vhost=vhost,
+        source_queue=source_queue,
+        source_exchange=source_exchange,
+        routing_keys=_dumps(routing_keys),
+        reason=reason,
+        death_count=min(death_count, 2**31 - 1),
+        first_death_at=first_at,
+        last_death_at=death["last_at"] if death else None,
+        message_id=_text(properties.message_id, 255),
+        correlation_id=_text(properties.correlation_id, 255),
+        properties=properties_text,
+        headers=headers_text,
+        body=body,
+        body_size=len(body),
+        content_type=_text(properties.content_type, 255),
+        content_encoding=_text(properties.content_encoding, 255),
+        fingerprint=fingerprint_of(vhost, queue, properties_text, stable_text, body),
+        group_key=group_key,
+        group_label=group_label,
         # A message that keeps coming back after replays is poison: bulk replays skip it.
-        "status": "poisoned" if origin_id and replay_count >= poison_threshold else "pending",
-        "status_reason": "",
-        "replay_count": replay_count,
-        "origin_id": origin_id,
-    }
+        status="poisoned" if origin_id and replay_count >= poison_threshold else "pending",
+        status_reason="",
+        replay_count=min(replay_count, 2**31 - 1),
+        origin_id=origin_id,
+    )
 
 
-_JSON_COLUMNS = {"routing_keys", "properties", "headers"}
+def source_of(queue, names=None):
+    """Which recovery source a queue is (DEAD_LETTERS, UNROUTED or RETURNS)."""
+    from recovery.topology import Names
+
+    names = names or Names.from_settings()
+    sources = {names.dead_letters: DEAD_LETTERS, names.unrouted: UNROUTED, names.returns: RETURNS}
+    try:
+        return sources[queue]
+    except KeyError:
+        raise ValueError(f"{queue!r} is not one of the recovery source queues") from None
+
 
 _STAGE_SQL = f"""
 CREATE TEMPORARY TABLE IF NOT EXISTS recovery_message_stage ON COMMIT DELETE ROWS AS
 SELECT {", ".join(ROW_COLUMNS)} FROM recovery_message WITH NO DATA
 """
+_COLUMNS = ", ".join(ROW_COLUMNS)
+_COPY_SQL = f"COPY recovery_message_stage ({_COLUMNS}) FROM STDIN"
+# origin_id may point at a row retention already deleted: keep the link only if it exists.
+_INSERT_SQL = f"""
+INSERT INTO recovery_message ({_COLUMNS}, collected_at, updated_at)
+SELECT {", ".join("o.id" if c == "origin_id" else f"s.{c}" for c in ROW_COLUMNS)}, now(), now()
+FROM recovery_message_stage s
+LEFT JOIN recovery_message o ON o.id = s.origin_id
+ON CONFLICT (fingerprint) DO NOTHING
+"""
 
 
 def store_rows(conn, rows):
-    """Write rows in one transaction; returns how many were new (the rest were redeliveries).
+    """Write StoreRows in one transaction; returns how many were new (the rest: redeliveries).
 
     The caller acks the deliveries only after this returns (the commit happened).
     """
     if not rows:
         return 0
-    columns = ", ".join(ROW_COLUMNS)
     with conn.transaction(), conn.cursor() as cur:
         cur.execute(_STAGE_SQL)
-        with cur.copy(f"COPY recovery_message_stage ({columns}) FROM STDIN") as copy:
+        with cur.copy(_COPY_SQL) as copy:
             for row in rows:
-                copy.write_row(
-                    [json.dumps(row[c]) if c in _JSON_COLUMNS else row[c] for c in ROW_COLUMNS]
-                )
-        # origin_id may point at a row retention already deleted: keep the link only if it exists.
-        cur.execute(
-            f"""
-            INSERT INTO recovery_message ({columns}, collected_at, updated_at)
-            SELECT {", ".join("o.id" if c == "origin_id" else f"s.{c}" for c in ROW_COLUMNS)},
-                   now(), now()
-            FROM recovery_message_stage s
-            LEFT JOIN recovery_message o ON o.id = s.origin_id
-            ON CONFLICT (fingerprint) DO NOTHING
-            """
-        )
+                copy.write_row(row)
+        cur.execute(_INSERT_SQL)
         return cur.rowcount

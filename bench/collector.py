@@ -1,0 +1,249 @@
+"""Collector drain speed against the raw baseline, and the collector's memory on a long drain.
+
+    .venv/bin/python bench/collector.py [N]           # default 100000
+    .venv/bin/python bench/collector.py --rss 1000000  # peak RSS while draining 1M messages
+    options: --skip-baseline, --rss-only, --in-process (SourceCollector threads instead of a
+             real ``celery -A console worker --collector`` process), --prefetch P --batch B
+
+Drain: fills ``recovery.dead_letters`` with N real 1 KiB dead letters (published to an app queue
+with ``x-message-ttl: 0`` that dead-letters to ``recovery.dlx``, the way the baseline fills its
+DLQ), then starts a real Celery worker with the collector and times the drain into the store.
+The timer starts at the first stored row, so worker start-up (Django, Celery) is not counted —
+the baseline does not count its imports either. Then runs ``/work/shared/bench/drain_baseline.py``
+with the same N in a subprocess, against its own vhost and database, and prints
+``collector / baseline``. Prints, never asserts.
+
+RSS: fills N (default 1M) dead letters, drains them with one worker process and prints its
+resident set size every few seconds, then the peak.
+
+Everything runs in private vhosts (``lazarus-bench-<pid>``) and a private database
+(BENCH_DATABASE_URL, default ``postgresql://postgres@127.0.0.1:5432/lazarus_bench_collector``),
+all created here and the vhosts deleted at the end.
+"""
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+BENCH_DB = os.environ.get(
+    "BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/lazarus_bench_collector"
+)
+os.environ["DATABASE_URL"] = BENCH_DB
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+os.environ.setdefault("SECRET_KEY", "bench-only-" + "x" * 40)
+
+import django  # noqa: E402
+
+django.setup()
+
+import pika  # noqa: E402
+import psycopg  # noqa: E402
+from django.conf import settings  # noqa: E402
+from django.core.management import call_command  # noqa: E402
+
+from recovery.broker import Management  # noqa: E402
+from recovery.topology import wire  # noqa: E402
+
+BASELINE = Path("/work/shared/bench/drain_baseline.py")
+BODY = b"x" * 1024
+APP_QUEUE = "bench.work"
+
+
+def ensure_database():
+    parsed = urllib.parse.urlparse(BENCH_DB)
+    name = parsed.path.lstrip("/")
+    admin = parsed._replace(path="/postgres").geturl()
+    with psycopg.connect(admin, autocommit=True) as pg:
+        if not pg.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+            pg.execute(f'CREATE DATABASE "{name}"')
+    call_command("migrate", verbosity=0)
+
+
+def vhost_url(vhost):
+    base = urllib.parse.urlparse(settings.RABBITMQ_URL)
+    return base._replace(path="/" + urllib.parse.quote(vhost, safe="")).geturl()
+
+
+def make_vhost(management, vhost):
+    management.put_vhost(vhost)
+    management.grant(vhost, urllib.parse.urlparse(settings.RABBITMQ_URL).username or "guest")
+
+
+def fill(vhost, n):
+    """Put N real dead letters in the vhost's DLQ (TTL 0 expiry, like the baseline)."""
+    conn = pika.BlockingConnection(pika.URLParameters(vhost_url(vhost)))
+    channel = conn.channel()
+    channel.queue_delete(APP_QUEUE)
+    channel.queue_declare(
+        APP_QUEUE,
+        durable=True,
+        arguments={"x-dead-letter-exchange": settings.RECOVERY_DLX, "x-message-ttl": 0},
+    )
+    started = time.perf_counter()
+    for i in range(n):
+        channel.basic_publish(
+            "", APP_QUEUE, BODY, pika.BasicProperties(delivery_mode=2, message_id=f"m{i}")
+        )
+        if i % 20000 == 19999:
+            conn.process_data_events(0)
+    dlq = settings.RECOVERY_DEAD_LETTER_QUEUE
+    while channel.queue_declare(dlq, passive=True).method.message_count < n:
+        time.sleep(0.2)
+    conn.close()
+    return n / (time.perf_counter() - started)
+
+
+def store_count(pg):
+    return pg.execute("SELECT count(*) FROM recovery_message").fetchone()[0]
+
+
+def start_worker(vhost, args, log_path):
+    env = {
+        **os.environ,
+        "DATABASE_URL": BENCH_DB,
+        "RABBITMQ_URL": vhost_url(vhost),
+        "CELERY_BROKER_URL": vhost_url(vhost),
+        "RECOVERY_VHOSTS": vhost,
+        "LOG_LEVEL": "WARNING",
+    }
+    if args.prefetch:
+        env["COLLECTOR_PREFETCH"] = str(args.prefetch)
+    if args.batch:
+        env["COLLECTOR_BATCH_SIZE"] = str(args.batch)
+    return subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "console", "worker", "--collector"]
+        + ["--pool", "solo", "-l", "warning", "-Q", f"lazarus.bench.{os.getpid()}"],
+        cwd=ROOT,
+        env=env,
+        stdout=log_path.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+
+
+def stop_worker(worker):
+    worker.send_signal(signal.SIGTERM)
+    try:
+        worker.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        worker.wait()
+
+
+def rss_mb(pid):
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def drain(vhost, n, args, sample_rss=False):
+    """Drain N stored rows with one collector; returns (rate msg/s, rss samples in MB)."""
+    pg = psycopg.connect(BENCH_DB, autocommit=True)
+    pg.execute("TRUNCATE recovery_message CASCADE")
+    pg.execute("VACUUM ANALYZE recovery_message")
+    samples = []
+    log_path = ROOT / "var" / f"bench-collector-{os.getpid()}.log"
+    if args.in_process:
+        from recovery.collector import start_collectors, stop_collectors
+
+        settings.RECOVERY_VHOSTS = [vhost]
+        tunables = {k: v for k, v in (("prefetch", args.prefetch), ("batch_size", args.batch)) if v}
+        stop_event, threads = start_collectors(vhosts=[vhost], **tunables)
+        pid, stop = os.getpid(), lambda: stop_collectors(stop_event, threads)
+    else:
+        worker = start_worker(vhost, args, log_path)
+        pid, stop = worker.pid, lambda: stop_worker(worker)
+    try:
+        first_at, first_count, last_sample = None, 0, 0.0
+        deadline = time.monotonic() + max(120, n / 500)
+        while True:
+            count = store_count(pg)
+            now = time.perf_counter()
+            if first_at is None and count:
+                first_at, first_count = now, count
+            if sample_rss and now - last_sample >= 1.0:
+                last_sample = now
+                samples.append((count, rss_mb(pid)))
+                if len(samples) % 5 == 1:
+                    print(f"  rss {samples[-1][1]:7.1f} MB at {count:>8} stored", flush=True)
+            if count >= n:
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit(f"drain stalled at {count}/{n}; see {log_path}")
+            time.sleep(0.1)
+        elapsed = now - first_at
+        rate = (n - first_count) / elapsed if elapsed > 0 else float("inf")
+    finally:
+        stop()
+        pg.close()
+    return rate, samples
+
+
+def run_baseline(n, management):
+    vhost = f"lazarus-bench-{os.getpid()}-baseline"
+    make_vhost(management, vhost)
+    try:
+        out = subprocess.run(
+            [sys.executable, str(BASELINE), str(n)],
+            env={**os.environ, "RABBITMQ_URL": vhost_url(vhost), "BASELINE_DATABASE_URL": BENCH_DB},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    finally:
+        management.delete_vhost(vhost)
+    print("  baseline:", out.strip().replace("\n", "\n  baseline: "))
+    return float(re.search(r"drain DLQ -> PG .*?(\d+) msg/s", out).group(1))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("n", nargs="?", type=int, default=100_000)
+    parser.add_argument("--rss", type=int, default=0, help="also drain this many, sampling RSS")
+    parser.add_argument("--rss-only", action="store_true")
+    parser.add_argument("--skip-baseline", action="store_true")
+    parser.add_argument("--in-process", action="store_true")
+    parser.add_argument("--prefetch", type=int)
+    parser.add_argument("--batch", type=int)
+    args = parser.parse_args()
+
+    ensure_database()
+    management = Management()
+    vhost = f"lazarus-bench-{os.getpid()}"
+    make_vhost(management, vhost)
+    try:
+        wire(vhost)
+        if not args.rss_only:
+            print(f"collector drain of {args.n} 1 KiB dead letters")
+            print(f"  fill {fill(vhost, args.n):9.0f} msg/s")
+            rate, _ = drain(vhost, args.n, args)
+            print(f"  collector drain DLQ -> store {rate:9.0f} msg/s")
+            if not args.skip_baseline:
+                baseline = run_baseline(args.n, management)
+                print(f"collector / baseline = {rate:.0f} / {baseline:.0f} = {rate / baseline:.2f}")
+        if args.rss or args.rss_only:
+            n = args.rss or 1_000_000
+            print(f"collector RSS while draining {n} 1 KiB dead letters")
+            print(f"  fill {fill(vhost, n):9.0f} msg/s")
+            rate, samples = drain(vhost, n, args, sample_rss=True)
+            rss = [mb for _count, mb in samples]
+            print(f"  drained at {rate:.0f} msg/s; RSS samples: {len(rss)}")
+            print(
+                f"  RSS first {rss[0]:.1f} MB, median {sorted(rss)[len(rss) // 2]:.1f} MB, "
+                f"last {rss[-1]:.1f} MB, peak {max(rss):.1f} MB (target: flat, < 250 MB)"
+            )
+    finally:
+        management.delete_vhost(vhost)
+
+
+if __name__ == "__main__":
+    main()
