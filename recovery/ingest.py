@@ -42,8 +42,10 @@ PROPERTY_NAMES = (
 
 DEAD_LETTERS, UNROUTED, RETURNS = "dead_letters", "unrouted", "returns"
 
-# Headers the broker adds per delivery of *our* recovery queue (quorum queues count deliveries);
-# they differ between a delivery and its redelivery, so they must not take part in the fingerprint.
+# Headers the broker sets on each delivery from *our* recovery queue: quorum queues put their
+# own x-delivery-count on every delivery (0 the first time), overwriting any the message carried.
+# They describe our queue, not the message, and differ between a delivery and its redelivery, so
+# they are neither stored nor part of the fingerprint.
 DELIVERY_SCOPED_HEADERS = ("x-delivery-count",)
 
 # Headers frameworks use to say why a consumer gave up (Spring AMQP, our client, common custom).
@@ -256,12 +258,9 @@ def delivery_to_row(
     if death is not None:
         death_count, first_at = death["count"], death["first_at"]
 
+    for name in DELIVERY_SCOPED_HEADERS:
+        headers_json.pop(name, None)
     headers_text = _dumps(headers_json)
-    stable_text = headers_text
-    if any(h in headers_json for h in DELIVERY_SCOPED_HEADERS):
-        stable_text = _dumps(
-            {k: v for k, v in headers_json.items() if k not in DELIVERY_SCOPED_HEADERS}
-        )
     properties_text = _dumps(properties_json)
 
     replay_count = max(_as_int(headers.get("x-recovery-replay-count"), 0), 0)
@@ -287,7 +286,7 @@ def delivery_to_row(
         body_size=len(body),
         content_type=_text(properties.content_type, 255),
         content_encoding=_text(properties.content_encoding, 255),
-        fingerprint=fingerprint_of(vhost, queue, properties_text, stable_text, body),
+        fingerprint=fingerprint_of(vhost, queue, properties_text, headers_text, body),
         group_key=group_key,
         group_label=group_label,
         # A message that keeps coming back after replays is poison: bulk replays skip it.

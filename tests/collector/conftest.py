@@ -1,0 +1,178 @@
+"""Helpers for the collector tests: real broker, real database, real collector threads/workers.
+
+Everything runs in this session's vhost (``test_vhost`` from tests/conftest.py) or in a second
+private vhost created here; the shared services are never restarted except by the one test
+marked ``disruptive``.
+"""
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import urllib.parse
+
+import pika
+import pytest
+from django.conf import settings
+from django.core.management import call_command
+from django.db import connection
+
+from recovery.broker import Management
+from recovery.models import Message
+from tests.conftest import wait_for
+
+DLX = {"x-dead-letter-exchange": "recovery.dlx"}
+
+
+def vhost_url(vhost):
+    base = urllib.parse.urlparse(settings.RABBITMQ_URL)
+    return base._replace(path="/" + urllib.parse.quote(vhost, safe="")).geturl()
+
+
+def open_channel(vhost=None):
+    url = vhost_url(vhost) if vhost else settings.RABBITMQ_URL
+    return pika.BlockingConnection(pika.URLParameters(url)).channel()
+
+
+def declare_queue(channel, name, **arguments):
+    """A fresh application queue that dead-letters to recovery.dlx (plus ``arguments``)."""
+    channel.queue_delete(name)
+    channel.queue_declare(name, durable=True, arguments={**DLX, **arguments})
+
+
+def publish(channel, queue, body, exchange="", **props):
+    props.setdefault("delivery_mode", 2)
+    channel.basic_publish(exchange, queue, body, pika.BasicProperties(**props))
+
+
+def reject_next(channel, queue, timeout=10):
+    """Get one message from ``queue`` and reject it without requeue (a real dead-lettering)."""
+    method, props, body = wait_for(
+        lambda: (lambda r: r if r[0] else None)(channel.basic_get(queue)),
+        timeout=timeout,
+        message=f"a message on {queue}",
+    )
+    channel.basic_reject(method.delivery_tag, requeue=False)
+    return props, body
+
+
+def stored(count=1, timeout=30, **filters):
+    """Wait until ``count`` rows match, then return them (oldest first)."""
+
+    def rows():
+        found = list(Message.objects.filter(**filters).order_by("id"))
+        return found if len(found) >= count else None
+
+    return wait_for(rows, timeout=timeout, message=f"{count} stored message(s) matching {filters}")
+
+
+def depth(channel, queue):
+    return channel.queue_declare(queue, passive=True).method.message_count
+
+
+def drain_queue(channel, queue, timeout=10):
+    """Every message currently in ``queue`` (auto-ack), as (method, properties, body)."""
+    got = []
+    deadline_empty = 0
+    while deadline_empty < 5:
+        method, props, body = channel.basic_get(queue, auto_ack=True)
+        if method is None:
+            deadline_empty += 1
+            channel.connection.sleep(0.1)
+            continue
+        got.append((method, props, body))
+    return got
+
+
+def database_url():
+    db = connection.settings_dict
+    return f"postgresql://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+
+
+class WorkerProcess:
+    """A real ``celery -A console worker --collector`` process on this session's vhost(s)."""
+
+    def __init__(self, log_path, vhosts, database_url, **env):
+        self.log_path = log_path
+        self.env = {
+            **os.environ,
+            "DATABASE_URL": database_url,
+            "RABBITMQ_URL": settings.RABBITMQ_URL,
+            "CELERY_BROKER_URL": settings.RABBITMQ_URL,
+            "RECOVERY_VHOSTS": ",".join(vhosts),
+            "COLLECTOR_FLUSH_SECONDS": "0.05",
+            **{k: str(v) for k, v in env.items()},
+        }
+        self.process = None
+        self.starts = 0
+
+    def start(self):
+        self.starts += 1
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed by stop()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "console", "worker", "--collector"]
+            + ["--pool", "solo", "-l", "warning", "-Q", f"lazarus.tasks.{os.getpid()}"],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        return self
+
+    def kill(self):
+        """kill -9: no shutdown code runs, unacked deliveries go back to the queue."""
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+    def stop(self):
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def alive(self):
+        return self.process is not None and self.process.poll() is None
+
+    def log(self):
+        with open(self.log_path, "rb") as f:
+            return f.read().decode(errors="replace")[-5000:]
+
+
+@pytest.fixture
+def worker_process(transactional_db, wired, clean_queues, tmp_path):
+    """Factory for collector worker processes; every one started is stopped at the end."""
+    started = []
+
+    def make(vhosts=None, database_url_=None, **env):
+        worker = WorkerProcess(
+            tmp_path / f"worker{len(started)}.log",
+            vhosts or [wired],
+            database_url_ or database_url(),
+            **env,
+        )
+        started.append(worker)
+        return worker
+
+    yield make
+    for worker in started:
+        worker.stop()
+
+
+@pytest.fixture
+def second_vhost(wired):
+    """A second private vhost, wired with ``manage.py wire --vhost``; deleted afterwards."""
+    vhost = f"{wired}-b"
+    management = Management()
+    management.put_vhost(vhost)
+    management.grant(vhost, urllib.parse.urlparse(settings.RABBITMQ_URL).username or "guest")
+    try:
+        out = io.StringIO()
+        call_command("wire", "--vhost", vhost, stdout=out)
+        assert f"vhost {vhost}: declared" in out.getvalue()
+        yield vhost
+    finally:
+        management.delete_vhost(vhost)
