@@ -1,0 +1,182 @@
+"""Replay engine fixtures: stored messages written like the collector writes them, application
+queues in the session's vhost, consumers that count (or reject) what arrives, and a Celery app
+pointed at the session's vhost (so a job's task never lands in a queue other sessions read).
+
+Every replay test is transactional (``django_db(transaction=True)``): the job runner writes
+through its own database connection, which must see committed rows.
+"""
+
+import datetime
+import itertools
+import threading
+import urllib.parse
+from collections import Counter
+
+import pika
+import psycopg
+import pytest
+from django.conf import settings
+
+from recovery.broker import Management
+from recovery.ingest import delivery_to_row, store_rows
+from recovery.models import Message
+from recovery.replay.store import database_conninfo
+
+DLX_ARGS = {"x-dead-letter-exchange": "recovery.dlx"}
+_ids = itertools.count(1)
+
+
+@pytest.fixture(autouse=True)
+def celery_on_test_vhost(test_vhost):
+    """create_job/resume enqueue a Celery task: send it to this session's vhost."""
+    from console.celery import app
+
+    original = app.conf.broker_url
+    app.conf.broker_url = settings.RABBITMQ_URL
+    app.close()  # drop a connection pool made for the old URL
+    yield
+    app.close()
+    app.conf.broker_url = original
+
+
+def dead_letter_row(queue, body=b"payload", message_id=None, headers=None, vhost=None, **props):
+    """The row the collector stores for a message rejected from ``queue``."""
+    headers = dict(headers or {})
+    headers["x-death"] = [
+        {
+            "count": 1,
+            "reason": "rejected",
+            "queue": queue,
+            "time": datetime.datetime.now(datetime.UTC),
+            "exchange": "",
+            "routing-keys": [queue],
+        }
+    ]
+    message_id = message_id or f"m-{next(_ids)}"
+    properties = pika.BasicProperties(
+        message_id=message_id, headers=headers, delivery_mode=2, **props
+    )
+    vhost = vhost or settings.RECOVERY_VHOSTS[0]
+    return delivery_to_row(vhost, "recovery.dead_letters", "recovery.dlx", queue, properties, body)
+
+
+def unroutable_row(exchange, routing_key, body=b"payload", message_id=None):
+    properties = pika.BasicProperties(message_id=message_id or f"u-{next(_ids)}", delivery_mode=2)
+    vhost = settings.RECOVERY_VHOSTS[0]
+    return delivery_to_row(vhost, "recovery.unrouted", exchange, routing_key, properties, body)
+
+
+def store(rows):
+    """Store rows exactly as the collector does (COPY + ON CONFLICT); the Messages, by id."""
+    with psycopg.connect(database_conninfo()) as pg:
+        for start in range(0, len(rows), 5000):
+            store_rows(pg, rows[start : start + 5000])
+    fingerprints = [row.fingerprint for row in rows]
+    found = {}
+    for start in range(0, len(fingerprints), 10000):
+        chunk = fingerprints[start : start + 10000]
+        found.update(
+            Message.objects.filter(fingerprint__in=chunk)
+            .defer("body")
+            .in_bulk(field_name="fingerprint")
+        )
+    return [found[f] for f in fingerprints]
+
+
+def dead_letters(queue, count, body=b"payload", **kwargs):
+    return store([dead_letter_row(queue, body, **kwargs) for _ in range(count)])
+
+
+def declare_app_queue(channel, name, **arguments):
+    channel.queue_delete(name)
+    channel.queue_declare(name, durable=True, arguments={**DLX_ARGS, **arguments})
+
+
+def drain(queue, idle=0.5):
+    """Every message on ``queue`` now: [(properties, body)], acked."""
+    connection = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
+    channel = connection.channel()
+    channel.basic_qos(prefetch_count=1000)
+    got = []
+    for method, properties, body in channel.consume(queue, inactivity_timeout=idle):
+        if method is None:
+            break
+        got.append((properties, body))
+        channel.basic_ack(method.delivery_tag)
+    channel.cancel()
+    connection.close()
+    return got
+
+
+def queue_depth(queue):
+    connection = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
+    try:
+        return connection.channel().queue_declare(queue, passive=True).method.message_count
+    finally:
+        connection.close()
+
+
+class Consumer(threading.Thread):
+    """Consumes a queue in the background; counts message ids, and acks or rejects (to the DLX)
+    according to ``reject`` (a bool, changeable while it runs)."""
+
+    def __init__(self, queue, reject=False, url=None):
+        super().__init__(daemon=True)
+        self.queue = queue
+        self.reject = reject
+        self.url = url or settings.RABBITMQ_URL
+        self.seen = Counter()
+        self.stopping = threading.Event()
+        self.ready = threading.Event()
+
+    def run(self):
+        connection = pika.BlockingConnection(pika.URLParameters(self.url))
+        channel = connection.channel()
+        channel.basic_qos(prefetch_count=200)
+        self.ready.set()
+        for method, properties, _body in channel.consume(self.queue, inactivity_timeout=0.1):
+            if self.stopping.is_set():
+                break
+            if method is None:
+                continue
+            self.seen[properties.message_id] += 1
+            if self.reject:
+                channel.basic_reject(method.delivery_tag, requeue=False)
+            else:
+                channel.basic_ack(method.delivery_tag)
+        channel.cancel()
+        connection.close()
+
+    def stop(self):
+        self.stopping.set()
+        self.join(10)
+
+    @property
+    def total(self):
+        return sum(self.seen.values())
+
+
+@pytest.fixture
+def consumers():
+    started = []
+
+    def start(queue, reject=False):
+        consumer = Consumer(queue, reject)
+        consumer.start()
+        consumer.ready.wait(10)
+        started.append(consumer)
+        return consumer
+
+    yield start
+    for consumer in started:
+        consumer.stop()
+
+
+def vhost_url(vhost):
+    base = urllib.parse.urlparse(settings.RABBITMQ_URL)
+    return base._replace(path="/" + urllib.parse.quote(vhost, safe="")).geturl()
+
+
+@pytest.fixture(scope="session")
+def management():
+    return Management()
