@@ -10,17 +10,24 @@ It also keeps a long string ('S') that is not UTF-8 a long string: pika decodes 
 and would re-encode it as a byte array ('x'); here it becomes ``headers.LongBytes`` and goes back
 out as 'S'. And a timestamp ('T') too large for a datetime (a client sending milliseconds as
 seconds) would make pika's decoder raise, killing the consumer's connection on every redelivery:
-here it becomes ``headers.RawTimestamp`` and goes back out unchanged.
+here it becomes ``headers.RawTimestamp`` and goes back out unchanged. Likewise a headers table
+nested deeper than Python's recursion limit (a few hundred levels) would kill the connection on
+every redelivery: it is kept undecoded (``headers.UndecodableHeaders``), and sent again byte for
+byte.
 """
 
 import struct
+import threading
 
 import pika.data
 
-from recovery.headers import LongBytes, RawTimestamp, datetime_or_none
+from recovery.headers import LongBytes, RawTimestamp, UndecodableHeaders, datetime_or_none
 
 _original_encode_value = pika.data.encode_value
 _original_decode_value = pika.data.decode_value
+_original_encode_table = pika.data.encode_table
+_original_decode_table = pika.data.decode_table
+_table_depth = threading.local()
 
 
 def encode_value(pieces, value):
@@ -53,6 +60,39 @@ def decode_value(encoded, offset):
     return value, end
 
 
+def decode_table(encoded, offset):
+    depth = getattr(_table_depth, "n", 0)
+    _table_depth.n = depth + 1
+    try:
+        return _original_decode_table(encoded, offset)
+    except RecursionError:
+        if depth:
+            raise  # only the outermost table (the headers) is kept raw
+        size = struct.unpack_from(">I", encoded, offset)[0]
+        raw = bytes(encoded[offset + 4 : offset + 4 + size])
+        return UndecodableHeaders(raw), offset + 4 + size
+    finally:
+        _table_depth.n = depth
+
+
+def encode_table(pieces, table):
+    if not isinstance(table, UndecodableHeaders):
+        return _original_encode_table(pieces, table)
+    # Entries added since (e.g. x-quarantine-reason) first, then the original ones as received.
+    length_index = len(pieces)
+    pieces.append(b"")
+    size = 0
+    for key, value in table.items():
+        size += pika.data.encode_short_string(pieces, key)
+        size += encode_value(pieces, value)
+    pieces.append(table.raw)
+    size += len(table.raw)
+    pieces[length_index] = struct.pack(">I", size)
+    return size + 4
+
+
 def install():
     pika.data.encode_value = encode_value
     pika.data.decode_value = decode_value
+    pika.data.encode_table = encode_table
+    pika.data.decode_table = decode_table

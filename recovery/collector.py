@@ -39,7 +39,7 @@ from recovery.collector_writer import (
     WriterFailed,
     WriterPool,
 )
-from recovery.ingest import delivery_to_row, source_of
+from recovery.ingest import UnstorableDelivery, delivery_to_row, source_of
 from recovery.topology import Names
 
 log = logging.getLogger(__name__)
@@ -230,12 +230,15 @@ class SourceCollector(threading.Thread):
                 source=self.source,
                 poison_threshold=self.poison_threshold,
             )
+        except UnstorableDelivery as exc:
+            reason = str(exc)
         except Exception as exc:  # noqa: BLE001 - a parser bug must not lose (or block) a message
             log.exception("%s: cannot parse a delivery", self.name)
             reason = f"parse error: {type(exc).__name__}: {exc}"
-            batch.add(method.delivery_tag, size, properties=properties, body=body, reason=reason)
+        else:
+            batch.add(method.delivery_tag, size, row=row, properties=properties, body=body)
             return
-        batch.add(method.delivery_tag, size, row=row, properties=properties, body=body)
+        batch.add(method.delivery_tag, size, properties=properties, body=body, reason=reason)
 
     def due(self, batch, window):
         return (

@@ -21,6 +21,7 @@ import psycopg
 import psycopg.errors
 
 from recovery.broker import amqp_parameters
+from recovery.headers import UndecodableHeaders
 from recovery.ingest import store_rows
 from recovery.topology import QUORUM
 
@@ -114,7 +115,9 @@ class Quarantine:
             # Declared here too: with nowhere to put a message, it could never be acked.
             self.channel.queue_declare(self.queue, durable=True, arguments=QUORUM)
             self.channel.confirm_delivery()
-        headers = dict(properties.headers or {})
+        headers = properties.headers
+        if not isinstance(headers, UndecodableHeaders):  # that one must keep its raw entries
+            headers = dict(headers or {})
         headers["x-quarantine-reason"] = reason[:1000]
         headers["x-quarantine-source"] = source_queue
         headers["x-quarantine-vhost"] = self.vhost

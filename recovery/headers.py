@@ -30,6 +30,17 @@ class RawTimestamp(int):
     """An AMQP timestamp ('T') too large for a datetime (e.g. milliseconds sent as seconds)."""
 
 
+class UndecodableHeaders(dict):
+    """A headers table nested too deep to decode: its raw entries, sent again as they came.
+
+    Items set on it are encoded before the raw entries (``recovery.amqp_floats``).
+    """
+
+    def __init__(self, raw):
+        super().__init__()
+        self.raw = raw
+
+
 def datetime_or_none(seconds):
     try:
         return datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC)

@@ -64,6 +64,10 @@ REASONS = frozenset(
 )
 
 
+class UnstorableDelivery(ValueError):
+    """A delivery that cannot become a row; the collector quarantines it with this reason."""
+
+
 class StoreRow(NamedTuple):
     """One recovery_message row, in COPY column order; JSON columns are already JSON text."""
 
@@ -219,7 +223,13 @@ def delivery_to_row(
     (DEAD_LETTERS, UNROUTED or RETURNS; looked up in the settings when not given).
     """
     source = source or source_of(queue)
-    headers = properties.headers or {}
+    headers = properties.headers
+    if headers is None:
+        headers = {}
+    elif isinstance(headers, header_codec.UndecodableHeaders):  # an empty dict: check first
+        raise UnstorableDelivery(
+            f"headers nested too deep to decode ({len(headers.raw)} B table, kept as received)"
+        )
     body = bytes(body or b"")
     headers_json = header_codec.headers_to_json(headers)
     properties_json = properties_to_json(properties)
