@@ -228,7 +228,7 @@ class AsyncPublisher:
         self._by_origin.clear()
         code = getattr(reason, "reply_code", None)
         text = getattr(reason, "reply_text", "") or ""
-        if code is not None:
+        if code is not None and code >= 400:
             self.last_error = f"channel closed by the broker: {code} {text}"
             log.warning("replay publisher: %s", self.last_error)
         retry = []
