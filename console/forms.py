@@ -3,6 +3,7 @@
 import json
 
 from django import forms
+from django.conf import settings
 from django.contrib.auth import get_user_model, password_validation
 from django.core.exceptions import ValidationError
 
@@ -13,38 +14,52 @@ from recovery.models import Role
 MAX_BULK_IDS = 1000
 
 
-class TargetForm(forms.Form):
-    """Where a replay goes: the default, an exchange + routing key, or a queue.
+def delay_choices():
+    from recovery.replay.targets import delay_label
 
-    Blank means the message's default target (DESIGN.md "Replay semantics").
+    return [("", "now")] + [(str(d), f"in {delay_label(d)}") for d in settings.REPLAY_DELAYS]
+
+
+class TargetForm(forms.Form):
+    """Where a replay goes: the default, a queue, or an exchange + routing key; now or later.
+
+    All blank means the message's default target (DESIGN.md "Replay semantics"). The engine
+    validates again (recovery.replay.targets.validate_target) and its errors are shown as well.
     """
 
-    exchange = forms.CharField(required=False, max_length=255)
-    routing_key = forms.CharField(required=False, max_length=255)
     queue = forms.CharField(
         required=False,
         max_length=255,
         help_text="Publish to this queue through the default exchange.",
     )
+    exchange = forms.CharField(required=False, max_length=255)
+    routing_key = forms.CharField(required=False, max_length=255, label="Routing key")
+    delay_seconds = forms.TypedChoiceField(
+        required=False, coerce=int, empty_value=None, label="When"
+    )
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["delay_seconds"].choices = delay_choices()
 
     def clean(self):
         data = super().clean()
         if data.get("queue") and (data.get("exchange") or data.get("routing_key")):
             raise ValidationError("Choose a queue or an exchange and routing key, not both.")
-        if data.get("exchange") and not data.get("routing_key"):
-            # An empty routing key is legal AMQP, but for a topic/direct exchange it is almost
-            # always a slip; fanouts ignore it, so ask for any value there.
-            raise ValidationError("An exchange needs a routing key (fanout exchanges ignore it).")
         return data
 
     def target(self):
-        """(exchange, routing_key), or (None, None) for the message's default target."""
+        """Keyword arguments for replay_message / edit_and_replay (None = the default)."""
         data = self.cleaned_data
-        if data.get("queue"):
-            return "", data["queue"]
-        if data.get("exchange") or data.get("routing_key"):
-            return data.get("exchange") or "", data.get("routing_key") or ""
-        return None, None
+        exchange, key = data.get("exchange") or None, data.get("routing_key") or None
+        if exchange is not None and key is None:
+            key = ""  # a fanout ignores the key; any other exchange then gets the empty key
+        return {
+            "queue": data.get("queue") or None,
+            "exchange": exchange,
+            "routing_key": key,
+            "delay_seconds": data.get("delay_seconds"),
+        }
 
 
 class DiscardForm(forms.Form):
@@ -129,8 +144,8 @@ class JobForm(MessageFilterForm):
     target_exchange = forms.CharField(required=False, max_length=255, label="Exchange")
     target_routing_key = forms.CharField(required=False, max_length=255, label="Routing key")
     target_queue = forms.CharField(required=False, max_length=255, label="Queue")
-    delay_seconds = forms.IntegerField(
-        required=False, min_value=1, max_value=7 * 24 * 3600, label="Delay (s)"
+    delay_seconds = forms.TypedChoiceField(
+        required=False, coerce=int, empty_value=None, label="When"
     )
     rate = forms.FloatField(required=False, min_value=0.1, label="Rate (msgs/s)")
     include_poisoned = forms.BooleanField(required=False, label="Include poisoned")
@@ -146,6 +161,11 @@ class JobForm(MessageFilterForm):
     )
 
     FILTER_FIELDS = list(MessageFilterForm.base_fields)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["delay_seconds"].choices = delay_choices()
+
     TARGET_FIELDS = ["target_exchange", "target_routing_key", "target_queue", "delay_seconds"]
     PACE_FIELDS = [
         "rate",
@@ -311,3 +331,24 @@ class EvidenceFilterForm(forms.Form):
             if data.get(field) not in (None, ""):
                 queryset = queryset.filter(**{lookup: data[field]})
         return queryset
+
+
+# The engine names its fields after its own arguments; show them on the matching form field.
+ENGINE_FIELD_NAMES = {
+    "target_exchange": "exchange",
+    "target_routing_key": "routing_key",
+    "target_queue": "queue",
+    "headers_json": "headers",
+}
+
+
+def add_engine_errors(form, error):
+    """Put a ValidationError raised by recovery.jobs / recovery.replay onto ``form``."""
+    if not hasattr(error, "error_dict"):
+        form.add_error(None, error.messages)
+        return
+    for name, messages in error.message_dict.items():
+        field = name if name in form.fields else ENGINE_FIELD_NAMES.get(name)
+        if field not in form.fields:
+            field, messages = None, [f"{name}: {m}" for m in messages]
+        form.add_error(field, messages)

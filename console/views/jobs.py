@@ -1,5 +1,6 @@
 """Replay jobs: create (with a dry-run preview), watch progress live, cancel, resume."""
 
+from django.conf import settings
 from django.contrib import messages as flash
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -7,9 +8,11 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from console.access import operator_required, viewer_required
-from console.forms import JobForm
+from console.forms import JobForm, add_engine_errors
 from console.views.paging import newest_first_page, query_without
+from recovery.jobs import create_job, describe_target, dry_run
 from recovery.models import Message, ReplayJob, Role, has_role
+from recovery.replay import ReplayError
 
 PAGE_SIZE = 50
 POLL_SECONDS = 1
@@ -63,17 +66,15 @@ def job_new(request):
     """The job form. GET with ``preview`` runs a dry run; POST (operators) starts the job."""
     if request.method == "POST" and not has_role(request.user, Role.OPERATOR):
         raise PermissionDenied("requires the operator role")
-    from recovery.jobs import create_job, dry_run
-
     if request.method == "POST":
         form = JobForm(request.POST)
         if form.is_valid():
             try:
                 job = create_job(request.user, **form.selection(), **form.options(), via="console")
             except ValidationError as exc:
-                form.add_error(None, exc)
+                add_engine_errors(form, exc)
             else:
-                flash.success(request, f"Job #{job.pk} started.")
+                flash.success(request, f"Job #{job.pk} queued: {describe_target(job)}.")
                 return redirect("job", pk=job.pk)
         preview = None
     else:
@@ -83,10 +84,18 @@ def job_new(request):
             try:
                 preview = dry_run(**form.selection(), **form.options())
             except ValidationError as exc:
-                form.add_error(None, exc)
+                add_engine_errors(form, exc)
     if preview is not None:
         preview = {"targets": preview, "total": sum(row["count"] for row in preview)}
-    ctx = {"form": form, "preview": preview, "summary": _selection_summary(form)}
+    ctx = {
+        "form": form,
+        "preview": preview,
+        "summary": _selection_summary(form),
+        "defaults": {
+            "canary": settings.REPLAY_CANARY_MAX_FAILURE_PCT,
+            "breaker": settings.REPLAY_BREAKER_THRESHOLD_PCT,
+        },
+    }
     template = "jobs/new.html"
     if request.htmx and request.htmx.target == "preview":
         template += "#preview"
@@ -100,6 +109,7 @@ def job_detail(request, pk):
     job = get_object_or_404(ReplayJob.objects.select_related("created_by"), pk=pk)
     ctx = {
         "job": job,
+        "target": describe_target(job),
         "poll_seconds": POLL_SECONDS,
         "attempts": job.attempts.select_related("message").order_by("-created_at", "-id")[:50],
     }
@@ -111,19 +121,19 @@ def job_detail(request, pk):
 
 def _job_action(request, pk, method_name, done_message):
     job = get_object_or_404(ReplayJob, pk=pk)
+    error = None
     try:
         getattr(job, method_name)(request.user, via="console")
-    except ValidationError as exc:
-        flash.error(request, "; ".join(exc.messages))
-    else:
-        flash.success(request, done_message.format(job=job))
+    except (ValidationError, ReplayError) as exc:
+        error = "; ".join(getattr(exc, "messages", None) or [str(exc)])
     if request.htmx:
         job.refresh_from_db()
-        return render(
-            request,
-            "jobs/detail.html#job-progress",
-            {"job": job, "poll_seconds": POLL_SECONDS},
-        )
+        ctx = {"job": job, "poll_seconds": POLL_SECONDS, "error": error}
+        return render(request, "jobs/detail.html#job-progress", ctx, status=409 if error else 200)
+    if error:
+        flash.error(request, error)
+    else:
+        flash.success(request, done_message.format(job=job))
     return redirect("job", pk=job.pk)
 
 

@@ -11,10 +11,18 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from console.access import operator_required, viewer_required
-from console.forms import DiscardForm, EditReplayForm, TargetForm
+from console.forms import DiscardForm, EditReplayForm, TargetForm, add_engine_errors
 from recovery import headers as header_codec
 from recovery.models import Message
-from recovery.replay import STRIPPED_HEADERS, ReplayError
+from recovery.replay import (
+    STRIPPED_HEADERS,
+    BrokerUnavailable,
+    ReplayError,
+    discard_message,
+    edit_and_replay,
+    replay_message,
+    restore_message,
+)
 
 HEX_LIMIT = 64 * 1024
 TEXT_LIMIT = 1024 * 1024
@@ -102,15 +110,27 @@ def message_detail(request, pk):
     return render(request, "messages/detail.html", _detail_context(message))
 
 
-def _status_response(request, message, error=None, status=200, target_form=None):
-    """The replay/discard status box for htmx, or the whole page."""
+def _status_response(request, message, error=None, status=200, target_form=None, notice=None):
+    """The actions box for htmx (with the error or notice in it), or back to the whole page
+    with the error or notice as a flash message."""
     message.refresh_from_db()
     if request.htmx:
         ctx = _detail_context(message, target_form=target_form, error=error)
+        ctx["notice"] = notice
         return render(request, "messages/detail.html#actions", ctx, status=status)
     if error:
         flash.error(request, error)
+    elif notice:
+        flash.info(request, notice)
     return redirect("message", pk=message.pk)
+
+
+def _error_text(exc):
+    if isinstance(exc, ValidationError):
+        if hasattr(exc, "error_dict"):
+            return "; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())
+        return "; ".join(exc.messages)
+    return str(exc)
 
 
 @login_required
@@ -118,32 +138,31 @@ def _status_response(request, message, error=None, status=200, target_form=None)
 @require_POST
 def message_replay(request, pk):
     """One-click replay, to the default target or the one chosen in the target form."""
-    from recovery.replay import replay_message
-
     message = get_object_or_404(Message, pk=pk)
     form = TargetForm(request.POST)
     if not form.is_valid():
         error = " ".join(" ".join(e) for e in form.errors.values())
         return _status_response(request, message, error, 400, target_form=form)
-    exchange, routing_key = form.target()
     try:
-        attempt = replay_message(
-            message, user=request.user, exchange=exchange, routing_key=routing_key, via="console"
+        attempt = replay_message(message, user=request.user, via="console", **form.target())
+    except (ValidationError, ReplayError) as exc:
+        status = 503 if isinstance(exc, BrokerUnavailable) else 409
+        return _status_response(request, message, _error_text(exc), status, target_form=form)
+    if attempt.outcome != "confirmed":
+        return _status_response(
+            request, message, f"Replay {attempt.outcome}: {attempt.detail}", 200
         )
-    except ReplayError as exc:
-        return _status_response(request, message, str(exc), 409, target_form=form)
-    if attempt.outcome != "confirmed" and not request.htmx:
-        flash.warning(request, f"Replay {attempt.outcome}: {attempt.detail}")
-    elif not request.htmx:
-        flash.success(request, "Replayed; the broker confirmed it.")
-    return _status_response(request, message)
+    notice = f"Replayed to {attempt.exchange or '(default)'} / {attempt.routing_key}; " + (
+        attempt.detail or "the broker confirmed it."
+    )
+    return _status_response(request, message, notice=notice)
 
 
 def _call_or_error(function, *args, **kwargs):
     try:
         function(*args, **kwargs)
     except (ValidationError, ReplayError) as exc:
-        return "; ".join(getattr(exc, "messages", [str(exc)]))
+        return _error_text(exc)
     return None
 
 
@@ -151,8 +170,6 @@ def _call_or_error(function, *args, **kwargs):
 @operator_required
 @require_POST
 def message_discard(request, pk):
-    from recovery.replay import discard_message
-
     message = get_object_or_404(Message, pk=pk)
     form = DiscardForm(request.POST)
     form.is_valid()
@@ -165,8 +182,6 @@ def message_discard(request, pk):
 @operator_required
 @require_POST
 def message_restore(request, pk):
-    from recovery.replay import restore_message
-
     message = get_object_or_404(Message, pk=pk)
     error = _call_or_error(restore_message, message, request.user, "console")
     return _status_response(request, message, error, 409 if error else 200)
@@ -183,27 +198,26 @@ def editable_headers(message):
 @require_http_methods(["GET", "POST"])
 def message_edit(request, pk):
     """Edit headers/body/target and replay once; the stored original is never changed."""
-    from recovery.replay import edit_and_replay
-
     message = get_object_or_404(Message, pk=pk)
     body = body_views(message.body_bytes)
     body_editable = body["text"] is not None and not body["text_truncated"]
     if request.method == "POST":
         form = EditReplayForm(request.POST, body_editable=body_editable)
         if form.is_valid():
-            exchange, routing_key = form.target()
             try:
                 attempt = edit_and_replay(
                     message,
                     request.user,
                     headers_json=form.cleaned_data["headers"],
                     body=form.body_bytes(),
-                    exchange=exchange,
-                    routing_key=routing_key,
                     via="console",
+                    **form.target(),
                 )
             except (ValidationError, ReplayError) as exc:
-                form.add_error(None, "; ".join(getattr(exc, "messages", [str(exc)])))
+                if isinstance(exc, ValidationError) and hasattr(exc, "error_dict"):
+                    add_engine_errors(form, exc)
+                else:
+                    form.add_error(None, _error_text(exc))
             else:
                 level = flash.SUCCESS if attempt.outcome == "confirmed" else flash.WARNING
                 flash.add_message(

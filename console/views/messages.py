@@ -14,7 +14,9 @@ from console.access import operator_required, viewer_required
 from console.forms import BulkActionForm
 from console.views.paging import newest_first_page, query_without
 from recovery.filters import MIN_SUBSTRING_LENGTH, MessageFilterForm
+from recovery.jobs import create_job
 from recovery.models import Message
+from recovery.replay import ReplayError, discard_message
 
 PAGE_SIZE = 50
 LIST_COLUMNS = (
@@ -82,8 +84,6 @@ def message_bulk(request):
     if action == "job":
         return redirect(reverse("job-new") + "?" + urlencode({"ids": ",".join(map(str, ids))}))
     if action == "replay":
-        from recovery.jobs import create_job
-
         try:
             job = create_job(request.user, message_ids=ids, via="console")
         except ValidationError as exc:
@@ -95,15 +95,13 @@ def message_bulk(request):
 
 
 def _discard_many(request, ids, reason):
-    from recovery.replay import discard_message
-
     discarded, refused = 0, []
     for message in Message.objects.filter(pk__in=ids).defer("body"):
         try:
             discard_message(message, request.user, "console", reason)
             discarded += 1
-        except ValidationError as exc:
-            refused.append(f"#{message.pk}: {'; '.join(exc.messages)}")
+        except (ValidationError, ReplayError) as exc:
+            refused.append(f"#{message.pk}: {exc}")
     if discarded:
         flash.success(request, f"Discarded {discarded} message(s).")
     for line in refused:

@@ -78,16 +78,19 @@ def store_counts():
     }
 
 
-def trend(now, hours, bucket_hours):
-    """Messages collected per bucket and kind over the last ``hours``: chart.js-ready data."""
-    end = _hour(now) + datetime.timedelta(hours=1)
-    start = end - datetime.timedelta(hours=hours)
+def trend(now, buckets, bucket_hours):
+    """Messages collected per bucket and kind, the last bucket being the current hour or (UTC)
+    day: chart.js-ready data."""
+    current = _hour(now)
+    if bucket_hours == 24:
+        current = current.replace(hour=0)
+    end = current + datetime.timedelta(hours=bucket_hours)
+    start = end - datetime.timedelta(hours=buckets * bucket_hours)
     rows = (
         MessageCount.objects.filter(hour__gte=start, hour__lt=end)
         .values("hour", "kind")
         .annotate(total=Sum("n"))
     )
-    buckets = hours // bucket_hours
     series = defaultdict(lambda: [0] * buckets)
     for row in rows:
         index = int((row["hour"] - start).total_seconds() // 3600) // bucket_hours
@@ -114,7 +117,7 @@ def overview(request):
     ctx = {
         **store_counts(),
         "trend_24h": trend(now, 24, 1),
-        "trend_7d": trend(now, 7 * 24, 24),
+        "trend_7d": trend(now, 7, 24),
         "activity": Activity.objects.select_related("user").order_by("-created_at", "-id")[:12],
         "now": now,
     }

@@ -67,6 +67,7 @@ def test_the_trend_charts_put_messages_in_their_hour_and_day(client, viewer):
     assert sum(series["dead_letter"]) == 2
     week = chart_data(html, "trend-7d-data")
     assert len(week["labels"]) == 7
+    assert week["labels"][-1] == now.strftime("%a %d")  # calendar days, today last
     assert sum(sum(d["data"]) for d in week["datasets"]) == 4
     assert 'data-chart="trend-24h-data"' in html
 
