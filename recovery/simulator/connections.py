@@ -1,0 +1,95 @@
+"""The simulator's own broker connections: named so it can find them, and closed on purpose.
+
+Each connection carries a client-provided ``connection_name`` (``lazarus-simulate/<run>/...``)
+set through the AMQP URL, so forced drops and crashes close exactly the simulator's connections
+in its vhost, through the management API — never a collector's or another application's.
+"""
+
+import time
+import urllib.parse
+
+from recovery.broker import ManagementError
+
+PREFIX = "lazarus-simulate"
+# New connections show up in the management API's listing after a short delay (~2 s on 3.10).
+LISTING_WAIT_S = 10.0
+LISTING_POLL_S = 0.2
+
+
+def named_url(base_url, vhost, connection_name):
+    """``base_url`` switched to ``vhost`` with a client-provided connection name."""
+    parts = urllib.parse.urlparse(base_url)
+    query = urllib.parse.parse_qsl(parts.query)
+    query = [(k, v) for k, v in query if k != "client_properties"]
+    query.append(("client_properties", repr({"connection_name": connection_name})))
+    return parts._replace(
+        path="/" + urllib.parse.quote(vhost, safe=""), query=urllib.parse.urlencode(query)
+    ).geturl()
+
+
+class Connections:
+    """Names and closes the connections of one simulator run."""
+
+    def __init__(self, management, vhost, run_id):
+        self.management = management
+        self.vhost = vhost
+        self.run_prefix = f"{PREFIX}/{run_id}/"
+
+    def producer_name(self, index):
+        return f"{self.run_prefix}producer/{index}"
+
+    def consumer_name(self, group, slot, incarnation):
+        return f"{self.run_prefix}consumer/{group}/{slot}.{incarnation}"
+
+    def tap_name(self):
+        return f"{self.run_prefix}tap"
+
+    def listed(self):
+        """{connection_name: server-side name} of this vhost's connections."""
+        rows = self.management.request(
+            "GET",
+            f"/vhosts/{self.management.quote(self.vhost)}/connections"
+            "?columns=name,client_properties",
+        )
+        return {
+            (row.get("client_properties") or {}).get("connection_name"): row["name"]
+            for row in rows or []
+        }
+
+    def _close(self, server_name):
+        try:
+            self.management.request("DELETE", f"/connections/{self.management.quote(server_name)}")
+        except ManagementError as exc:
+            if "HTTP 404" not in str(exc):  # gone already (it was reconnecting)
+                raise
+            return False
+        return True
+
+    def drop(self, wait=LISTING_WAIT_S):
+        """Force-close every producer and consumer connection of this run; returns how many.
+
+        Waits (up to ``wait``) until at least one is listed, so a drop early in a short run still
+        happens. The taps are spared: their copies are the truth's dead-letter record.
+        """
+        targets = (self.run_prefix + "producer/", self.run_prefix + "consumer/")
+        deadline = time.monotonic() + wait
+        while True:
+            names = [
+                server
+                for client, server in self.listed().items()
+                if client and client.startswith(targets)
+            ]
+            if names or time.monotonic() >= deadline:
+                break
+            time.sleep(LISTING_POLL_S)
+        return sum(self._close(name) for name in names)
+
+    def close(self, connection_name, wait=LISTING_WAIT_S):
+        """Force-close one named connection (a consumer crashing); False if never listed."""
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            server = self.listed().get(connection_name)
+            if server is not None:
+                return self._close(server)
+            time.sleep(LISTING_POLL_S)
+        return False
