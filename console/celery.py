@@ -9,6 +9,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 app = Celery("lazarus")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["recovery"])
+app.conf.imports = ["recovery.outbox_tasks"]
 
 app.user_options["worker"].add(
     click.Option(
@@ -24,4 +25,9 @@ app.steps["worker"].add(CollectorStep)
 
 app.conf.beat_schedule = {
     "retention": {"task": "recovery.tasks.apply_retention", "schedule": crontab(minute=17)},
+    # Give-ups producers parked in the outbox while the broker was unreachable.
+    "forward-client-outbox": {
+        "task": "recovery.outbox_tasks.forward_client_outbox",
+        "schedule": 30.0,
+    },
 }

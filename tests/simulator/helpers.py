@@ -9,8 +9,22 @@ from django.core.management import call_command
 
 # Shares high enough that a run of ~150 messages meets every fault (the seed makes it certain).
 BUSY_FAULTS = (
-    "--reject", "0.08", "--ttl", "0.08", "--overflow", "0.08", "--unroutable", "0.06",
-    "--returned", "0.04", "--nack", "0.04", "--poison", "0.04", "--crash", "0.04",
+    "--reject",
+    "0.08",
+    "--ttl",
+    "0.08",
+    "--overflow",
+    "0.08",
+    "--unroutable",
+    "0.06",
+    "--returned",
+    "0.04",
+    "--nack",
+    "0.04",
+    "--poison",
+    "0.04",
+    "--crash",
+    "0.04",
 )
 
 
@@ -25,9 +39,12 @@ def simulate(tmp_path, *args, name="run"):
     out = io.StringIO()
     call_command(
         "simulate",
-        "--log-dir", str(paths["logs"]),
-        "--truth", str(paths["truth"]),
-        "--settle-timeout", "90",
+        "--log-dir",
+        str(paths["logs"]),
+        "--truth",
+        str(paths["truth"]),
+        "--settle-timeout",
+        "90",
         *args,
         stdout=out,
     )

@@ -14,12 +14,26 @@ from recovery.topology import Names
 from tests.simulator.helpers import BUSY_FAULTS, drain, of_run, read_log_lines, simulate
 
 PRODUCER_FIELDS = {
-    "v": int, "ts": int, "producer": str, "message_id": str, "exchange": str,
-    "routing_key": str, "attempt": int, "outcome": str, "size": int,
+    "v": int,
+    "ts": int,
+    "producer": str,
+    "message_id": str,
+    "exchange": str,
+    "routing_key": str,
+    "attempt": int,
+    "outcome": str,
+    "size": int,
 }
 CONSUMER_FIELDS = {
-    "v": int, "ts": int, "consumer_group": str, "consumer": str, "queue": str,
-    "message_id": str, "redelivered": bool, "outcome": str, "handle_ms": (int, float),
+    "v": int,
+    "ts": int,
+    "consumer_group": str,
+    "consumer": str,
+    "queue": str,
+    "message_id": str,
+    "redelivered": bool,
+    "outcome": str,
+    "handle_ms": (int, float),
 }
 PRODUCER_OUTCOMES = {"ack", "nack", "returned", "timeout", "error"}
 CONSUMER_OUTCOMES = {"ack", "reject", "requeue", "duplicate_skipped"}
@@ -94,8 +108,11 @@ def test_it_leaves_real_dead_letters_unroutables_returns_and_logs_matching_its_t
     pairs = collections.defaultdict(list)
     for _, line in consumer:
         pairs[(line["message_id"], line["consumer_group"])].append(line)
-    consumed = [p for p, lines in pairs.items()
-                if any(x["outcome"] in ("ack", "duplicate_skipped") for x in lines)]
+    consumed = [
+        p
+        for p, lines in pairs.items()
+        if any(x["outcome"] in ("ack", "duplicate_skipped") for x in lines)
+    ]
     assert len(consumed) == totals["delivered_unique"]
     assert sum(1 for lines in pairs.values() if len(lines) > 1) == totals["dup_msgs"]
     assert sum(len(lines) - 1 for lines in pairs.values()) == totals["dup_deliveries"]
@@ -124,8 +141,16 @@ def test_the_same_seed_gives_the_same_run(broker, tmp_path):
 
     def shape(truth):
         return sorted(
-            (m["index"], m["fault"], m["exchange"], m["routing_key"], m["target_group"],
-             m["attempts"], tuple(m["consumed_by"]), tuple(sorted(m["dead_lettered"])))
+            (
+                m["index"],
+                m["fault"],
+                m["exchange"],
+                m["routing_key"],
+                m["target_group"],
+                m["attempts"],
+                tuple(m["consumed_by"]),
+                tuple(sorted(m["dead_lettered"])),
+            )
             for m in truth["messages"].values()
         )
 
@@ -135,8 +160,9 @@ def test_the_same_seed_gives_the_same_run(broker, tmp_path):
 
 
 def test_forced_drops_close_only_the_simulators_connections(broker, tmp_path):
-    truth, _, _ = simulate(tmp_path, "--count", "60", "--rate", "40", "--drops", "2",
-                           "--crash", "0")
+    truth, _, _ = simulate(
+        tmp_path, "--count", "60", "--rate", "40", "--drops", "2", "--crash", "0"
+    )
     assert truth["totals"]["connections_closed"] > 0
     # The test's own connection in the same vhost survived both drops.
     assert broker.is_open
@@ -170,8 +196,15 @@ def test_a_conflicting_demo_queue_is_a_clear_error(broker, tmp_path):
     try:
         with pytest.raises(CommandError, match="--prefix"):
             call_command(
-                "simulate", "--prefix", "clash", "--count", "5",
-                "--truth", str(tmp_path / "t.json"), "--log-dir", str(tmp_path),
+                "simulate",
+                "--prefix",
+                "clash",
+                "--count",
+                "5",
+                "--truth",
+                str(tmp_path / "t.json"),
+                "--log-dir",
+                str(tmp_path),
             )
     finally:
         connection = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
