@@ -50,8 +50,9 @@ orphan       a consumer-log line of the audited day whose ``message_id`` is in n
              logs read nor the store: the producer logs have a gap. Counted per line
              (``orphan_consumptions``) in the window of the line's own ``ts``.
 input gap    an hour with no log file from a process (producer, or consumer of a group) that had a
-             file in the previous hour. A producer gap puts its window "in gap"; a consumer gap of
-             group G at hour H puts G's pairs of every window whose deadline passes H in gap.
+             file in the previous hour and has one again later (a hole, not a shutdown). A
+             producer gap puts its window "in gap"; a consumer gap of group G at hour H puts G's
+             pairs of every window whose deadline passes H in gap.
 malformed    a line that does not parse against the schema, lacks a required field or has an
              unknown schema version; counted in the window of the file's ``dt``/``hour``.
 """
@@ -342,19 +343,24 @@ def process_hours(logs: DataFrame, process: str, source: str) -> DataFrame:
 
 
 def input_gaps(hours: DataFrame, first_hour_ms: int, end_hour_ms: int) -> DataFrame:
-    """Hours in [first, end) with no file from a process that had one the hour before."""
+    """Hours in [first, end) where a process's log has a hole: a file the hour before, none in
+    the hour, and a file again later. A process that stops for good (shutdown, scale-in) leaves
+    no hole; its unconsumed messages are reported as what they look like."""
     keys = ["source", "process", "consumer_group"]
     following = hours.select(*keys, (F.col("hour_ms") + HOUR_MS).alias("hour_ms"))
     present = hours.select(*keys, "hour_ms")
-    return (
-        following.join(
-            present,
-            on=[following[k].eqNullSafe(present[k]) for k in [*keys, "hour_ms"]],
-            how="left_anti",
-        )
-        .where((F.col("hour_ms") >= first_hour_ms) & (F.col("hour_ms") < end_hour_ms))
-        .select(*keys, "hour_ms")
+    last = hours.groupBy(*keys).agg(F.max("hour_ms").alias("last_hour_ms"))
+    missing = following.join(
+        present,
+        on=[following[k].eqNullSafe(present[k]) for k in [*keys, "hour_ms"]],
+        how="left_anti",
     )
+    resumed = missing.join(
+        last, on=[missing[k].eqNullSafe(last[k]) for k in keys], how="inner"
+    ).where(missing["hour_ms"] < last["last_hour_ms"])
+    return resumed.where(
+        (missing["hour_ms"] >= first_hour_ms) & (missing["hour_ms"] < end_hour_ms)
+    ).select(*[missing[k] for k in [*keys, "hour_ms"]])
 
 
 def gap_windows(gaps: DataFrame, grace_ms: int) -> DataFrame:
