@@ -1,0 +1,337 @@
+"""Console server times with a million stored messages: p95 against the issue's targets.
+
+    .venv/bin/python bench/ui.py [N]        # default 1000000 messages
+    options: --runs R (timed requests per page, default 60), --reload (load the store again)
+
+Loads N messages with COPY into a scratch database (BENCH_DATABASE_URL, default
+``postgresql://postgres@127.0.0.1:5432/lazarus_bench_ui``; kept between runs, reloaded only when
+its size differs), then times the console views in-process with Django's test Client (URL routing,
+middleware, session auth, view, template; no network) and prints each page's p95 as a ratio to
+its target:
+
+    list with filters  < 100 ms      message_id search  < 50 ms
+    detail             < 50 ms       overview           < 200 ms
+
+Beside each, the bare SQL a page cannot do without (psycopg, same database, same run) as
+``page / raw``; for the overview that raw query is the GROUP BY over the messages that the
+MessageCount rollup replaces. Prints, never asserts.
+"""
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import random
+import statistics
+import sys
+import time
+import urllib.parse
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+BENCH_DB = os.environ.get(
+    "BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/lazarus_bench_ui"
+)
+os.environ["DATABASE_URL"] = BENCH_DB
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+os.environ.setdefault("SECRET_KEY", "bench-only-" + "x" * 40)
+
+import django  # noqa: E402
+
+django.setup()
+
+import psycopg  # noqa: E402
+from django.conf import settings  # noqa: E402
+from django.core.management import call_command  # noqa: E402
+from django.db import connection  # noqa: E402
+from django.test import Client  # noqa: E402
+
+from recovery.broker import Management  # noqa: E402
+from recovery.collector import database_conninfo  # noqa: E402
+from recovery.ingest import ROW_COLUMNS, failure_group  # noqa: E402
+from recovery.models import MessageCount  # noqa: E402
+from recovery.topology import wire  # noqa: E402
+
+TARGETS_MS = {"list": 100, "search": 50, "detail": 50, "overview": 200}
+QUEUES = [f"orders.{i}" for i in range(12)] + ["payments", "billing", "shipping", "email"]
+EXCEPTIONS = [
+    ("", ""),
+    ("TimeoutError", "upstream timed out after 3000 ms"),
+    ("ValueError", "bad sku 1234"),
+]
+STATUSES = ["pending"] * 80 + ["replayed"] * 15 + ["discarded"] * 3 + ["poisoned"] * 2
+WINDOW = datetime.timedelta(days=14)
+
+
+def ensure_database():
+    admin = BENCH_DB.rsplit("/", 1)[0] + "/postgres"
+    name = BENCH_DB.rsplit("/", 1)[1]
+    with psycopg.connect(admin, autocommit=True) as pg:
+        if not pg.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+            pg.execute(f'CREATE DATABASE "{name}"')
+    call_command("migrate", verbosity=0)
+
+
+def message_rows(n, now, seed=7):
+    """N realistic rows: 16 queues, a few failure groups each, 14 days of history."""
+    rng = random.Random(seed)
+    groups = {}
+    for i in range(n):
+        queue = rng.choice(QUEUES)
+        kind, exchange = "dead_letter", "shop"
+        reason = rng.choice(["rejected", "expired", "maxlen"])
+        if i % 20 == 0:
+            kind, reason, queue = "unroutable", "no_route", ""
+        exc_type, exc_message = rng.choice(EXCEPTIONS)
+        headers = {"tenant": f"tenant-{rng.randrange(50)}", "trace": uuid.uuid4().hex}
+        if exc_type:
+            headers["x-exception-type"] = exc_type
+            headers["x-exception-message"] = exc_message
+        key = (queue or exchange, reason, exc_type, exc_message)
+        if key not in groups:
+            groups[key] = failure_group(queue or exchange, reason, headers)
+        group_key, group_label = groups[key]
+        message_id = str(uuid.UUID(int=rng.getrandbits(128)))
+        body = json.dumps(
+            {
+                "order": i,
+                "sku": f"SKU-{rng.randrange(10_000)}",
+                "customer": {"id": rng.randrange(1_000_000), "email": f"user{i}@example.com"},
+                "lines": [{"qty": rng.randrange(1, 5), "price": "12.50"}] * rng.randrange(1, 4),
+                "note": "deliver to the back door",
+            }
+        ).encode()
+        status = rng.choice(STATUSES)
+        collected_at = now - WINDOW * (rng.random() ** 1.5)
+        row = {
+            "kind": kind,
+            "vhost": "/",
+            "source_queue": queue,
+            "source_exchange": exchange,
+            "routing_keys": [queue or "orders.created"],
+            "reason": reason,
+            "death_count": 1,
+            "first_death_at": collected_at,
+            "last_death_at": collected_at,
+            "message_id": message_id,
+            "correlation_id": f"corr-{i}",
+            "properties": {"delivery_mode": 2, "content_type": "application/json"},
+            "headers": headers,
+            "body": body,
+            "body_size": len(body),
+            "content_type": "application/json",
+            "content_encoding": "",
+            "fingerprint": hashlib.sha256(f"bench-{seed}-{i}".encode()).hexdigest(),
+            "group_key": group_key,
+            "group_label": group_label,
+            "status": status,
+            "status_reason": "",
+            "replay_count": 1 if status == "replayed" else 0,
+            "origin_id": None,
+        }
+        yield row, collected_at
+
+
+def load(n):
+    columns = [c for c in ROW_COLUMNS if c != "origin_id"]
+    json_columns = {"routing_keys", "properties", "headers"}
+    now = datetime.datetime.now(datetime.UTC)
+    started = time.perf_counter()
+    with psycopg.connect(database_conninfo()) as pg:
+        pg.execute("TRUNCATE recovery_message CASCADE")
+        # One statement per 100k rows: the count trigger and the indexes see realistic batches.
+        rows = message_rows(n, now)
+        loaded = 0
+        while loaded < n:
+            batch = min(100_000, n - loaded)
+            with pg.cursor().copy(
+                f"COPY recovery_message ({', '.join(columns)}, collected_at, updated_at) FROM STDIN"
+            ) as copy:
+                for _ in range(batch):
+                    row, collected_at = next(rows)
+                    copy.write_row(
+                        [json.dumps(row[c]) if c in json_columns else row[c] for c in columns]
+                        + [collected_at, collected_at]
+                    )
+            pg.commit()
+            loaded += batch
+            print(f"  loaded {loaded}/{n} ({time.perf_counter() - started:.0f} s)", flush=True)
+    with psycopg.connect(database_conninfo(), autocommit=True) as pg:
+        pg.execute("VACUUM ANALYZE recovery_message")
+    MessageCount.compact()
+    with psycopg.connect(database_conninfo(), autocommit=True) as pg:
+        pg.execute("VACUUM ANALYZE recovery_messagecount")
+    print(f"  load + vacuum: {time.perf_counter() - started:.0f} s", flush=True)
+
+
+def p95(samples):
+    return statistics.quantiles(samples, n=20)[-1] if len(samples) > 1 else samples[0]
+
+
+def time_requests(client, urls):
+    samples = []
+    for url in urls:
+        started = time.perf_counter()
+        response = client.get(url)
+        samples.append((time.perf_counter() - started) * 1000)
+        assert response.status_code == 200, (url, response.status_code)
+    return samples
+
+
+def time_sql(pg, statements):
+    samples = []
+    for sql, params in statements:
+        started = time.perf_counter()
+        pg.execute(sql, params).fetchall()
+        samples.append((time.perf_counter() - started) * 1000)
+    return samples
+
+
+def scenarios(runs, rng):
+    with connection.cursor() as cur:
+        cur.execute("SELECT max(id), min(id) FROM recovery_message")
+        top, bottom = cur.fetchone()
+        cur.execute(
+            "SELECT message_id FROM recovery_message TABLESAMPLE SYSTEM (1) LIMIT %s", [runs]
+        )
+        ids = [r[0] for r in cur.fetchall()]
+        cur.execute("SELECT max(collected_at) FROM recovery_message")
+        newest = cur.fetchone()[0]
+    since = (newest - datetime.timedelta(days=2)).strftime("%Y-%m-%d %H:%M:%S")
+    list_params = []
+    for i in range(runs):
+        queue = rng.choice(QUEUES)
+        list_params.append(
+            [
+                {"queue": queue, "status": "pending"},
+                {"kind": "dead_letter", "reason": rng.choice(["expired", "maxlen"])},
+                {"queue": queue, "reason": "rejected", "since": since},
+                {"status": "poisoned"},
+                {"exchange": "shop", "kind": "unroutable"},
+            ][i % 5]
+        )
+    pks = [rng.randint(bottom, top) for _ in range(runs)]
+    return {
+        "list": (
+            ["/messages/?" + "&".join(f"{k}={v}" for k, v in p.items()) for p in list_params],
+            [
+                (
+                    "SELECT id, kind, reason, source_queue, message_id, status, collected_at "
+                    "FROM recovery_message WHERE "
+                    + " AND ".join(
+                        {
+                            "queue": "source_queue",
+                            "exchange": "source_exchange",
+                            "since": "collected_at",
+                        }.get(k, k)
+                        + (" >= %s" if k == "since" else " = %s")
+                        for k in p
+                    )
+                    + " ORDER BY collected_at DESC, id DESC LIMIT 51",
+                    list(p.values()),
+                )
+                for p in list_params
+            ],
+        ),
+        "search": (
+            [f"/messages/?q={message_id}" for message_id in ids],
+            [
+                (
+                    "SELECT id, kind, reason, source_queue, message_id, status, collected_at "
+                    "FROM recovery_message WHERE message_id = %s "
+                    "ORDER BY collected_at DESC, id DESC LIMIT 51",
+                    [message_id],
+                )
+                for message_id in ids
+            ],
+        ),
+        "detail": (
+            [f"/messages/{pk}/" for pk in pks],
+            [("SELECT * FROM recovery_message WHERE id = %s", [pk]) for pk in pks],
+        ),
+        "overview": (
+            ["/"] * runs,
+            [
+                (
+                    "SELECT kind, source_queue, reason, status, count(*) FROM recovery_message "
+                    "GROUP BY GROUPING SETS ((kind, status), (source_queue, status), "
+                    "(reason, status))",
+                    [],
+                )
+            ]
+            * max(3, runs // 10),
+        ),
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("n", nargs="?", type=int, default=1_000_000)
+    parser.add_argument("--runs", type=int, default=60)
+    parser.add_argument("--reload", action="store_true")
+    args = parser.parse_args()
+
+    ensure_database()
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM recovery_message")
+        stored = cur.fetchone()[0]
+    if args.reload or stored != args.n:
+        print(f"loading {args.n} messages into {BENCH_DB} ...", flush=True)
+        load(args.n)
+    else:
+        print(f"reusing {stored} messages in {BENCH_DB}", flush=True)
+
+    from django.contrib.auth import get_user_model
+
+    settings.ALLOWED_HOSTS = ["testserver"]
+    user, _ = get_user_model().objects.get_or_create(
+        username="bench", defaults={"is_superuser": True, "is_staff": True}
+    )
+    client = Client()
+    client.force_login(user)
+    rng = random.Random(11)
+    plan = scenarios(args.runs, rng)
+
+    print(
+        f"\n{'page':<10} {'p50 ms':>7} {'p95 ms':>7} {'target':>7} {'p95/target':>11} "
+        f"{'raw p95':>8} {'page/raw':>9}"
+    )
+    with psycopg.connect(database_conninfo(), autocommit=True) as pg:
+        for name, (urls, statements) in plan.items():
+            time_requests(client, urls[:5])  # warm caches, connections, templates
+            samples = time_requests(client, urls)
+            page, median = p95(samples), statistics.median(samples)
+            time_sql(pg, statements[:3])
+            raw = p95(time_sql(pg, statements))
+            target = TARGETS_MS[name]
+            print(
+                f"{name:<10} {median:7.1f} {page:7.1f} {target:7d} {page / target:11.2f} "
+                f"{raw:8.1f} {page / raw:9.2f}",
+                flush=True,
+            )
+    live = p95(time_requests(client, ["/overview/live"] * 20))
+    print(f"\n(overview's live fragment, broker round trips: p95 {live:.1f} ms; no target)")
+
+
+def private_vhost():
+    """A wired vhost of our own, so the live fragment measures a real recovery topology."""
+    vhost = f"lazarus-bench-ui-{os.getpid()}"
+    management = Management()
+    management.put_vhost(vhost)
+    management.grant(vhost, urllib.parse.urlparse(settings.RABBITMQ_URL).username or "guest")
+    base = urllib.parse.urlparse(settings.RABBITMQ_URL)
+    settings.RABBITMQ_URL = base._replace(path="/" + urllib.parse.quote(vhost, safe="")).geturl()
+    settings.RECOVERY_VHOSTS = [vhost]
+    wire(vhost)
+    return management, vhost
+
+
+if __name__ == "__main__":
+    management, vhost = private_vhost()
+    try:
+        main()
+    finally:
+        management.delete_vhost(vhost)
