@@ -9,6 +9,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 app = Celery("lazarus")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["recovery"])
+app.autodiscover_tasks(["recovery"], related_name="count_tasks")
 app.conf.imports = ["recovery.outbox_tasks"]
 
 app.user_options["worker"].add(
@@ -29,5 +30,10 @@ app.conf.beat_schedule = {
     "forward-client-outbox": {
         "task": "recovery.outbox_tasks.forward_client_outbox",
         "schedule": 30.0,
+    },
+    # Fold the overview's count deltas (recovery.models.MessageCount).
+    "compact-message-counts": {
+        "task": "recovery.count_tasks.compact_message_counts",
+        "schedule": 60.0,
     },
 }

@@ -110,3 +110,16 @@ def test_rebuild_recounts_from_the_messages():
     assert rollup() != recount()
     MessageCount.rebuild()
     assert rollup() == recount()
+
+
+def test_celery_beat_compacts_the_counts_every_minute():
+    from console.celery import app
+    from recovery.count_tasks import compact_message_counts
+
+    app.loader.import_default_modules()
+    entry = app.conf.beat_schedule["compact-message-counts"]
+    assert entry["task"] in app.tasks and entry["schedule"] == 60.0
+    make_message()
+    Message.objects.update(status="replayed")
+    assert compact_message_counts() > 0
+    assert rollup() == recount()
