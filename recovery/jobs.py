@@ -135,12 +135,14 @@ def selection_queryset(data, ids, group_key, statuses, until=None):
 
 
 def job_queryset(job):
-    """The messages a job covers (those collected up to its creation)."""
+    """The messages a job covers: as the operator saw them when making it. Collected after it
+    was made, or replayed after it was made (by another job, or one click), they are not in it
+    — the job would otherwise send again what was sent meanwhile."""
     form = _clean_filters(job.filters or None)
     data = form.cleaned_data if form else {}
     return selection_queryset(
         data, job.message_ids or None, job.group_key, job.allowed_statuses, until=job.created_at
-    )
+    ).exclude(last_replayed_at__gt=job.created_at)
 
 
 def selection_sql(job):

@@ -445,10 +445,12 @@ class JobStore:
             "WHERE id = %s AND runner = %s AND canary_sent_at IS NULL",
             (self.job_id, self.runner_id),
         )
-        return self.execute(
-            f"SELECT extract(epoch FROM now() - canary_sent_at) FROM {JOB} WHERE id = %s",
-            (self.job_id,),
-        ).fetchone()[0]
+        return float(
+            self.execute(
+                f"SELECT extract(epoch FROM now() - canary_sent_at) FROM {JOB} WHERE id = %s",
+                (self.job_id,),
+            ).fetchone()[0]
+        )
 
     def canary_counts(self):
         """{state: count} of the canary items."""

@@ -16,6 +16,7 @@ import pika
 import psycopg
 import pytest
 from django.conf import settings
+from django.db import connections
 
 from recovery.broker import Management
 from recovery.ingest import delivery_to_row, store_rows
@@ -170,6 +171,30 @@ def consumers():
     yield start
     for consumer in started:
         consumer.stop()
+
+
+def run(job, **kwargs):
+    """Run a job in this thread until it ends or stops; its outcome (job is refreshed)."""
+    from recovery.replay.runner import JobRunner
+
+    job.refresh_from_db()
+    outcome = JobRunner(job.pk, job.token, **kwargs).run()
+    job.refresh_from_db()
+    return outcome
+
+
+def run_in_thread(job, outcome, **kwargs):
+    """Run the job in a thread (as a worker would); its outcome lands in outcome["r"]."""
+
+    def target():
+        try:
+            outcome["r"] = run(job, **kwargs)
+        finally:
+            connections.close_all()  # this thread's own Django connection
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread
 
 
 def vhost_url(vhost):

@@ -1,6 +1,5 @@
 """Bulk jobs: validation, dry run, targets, rate, cancel, pause/resume, snapshot semantics."""
 
-import threading
 import time
 
 import pytest
@@ -9,25 +8,19 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from recovery.jobs import create_job, dry_run
 from recovery.models import Activity, Message, ReplayAttempt, ReplayJob, ReplayJobItem, Status
 from recovery.replay import StateError, discard_message, replay_message
-from recovery.replay.runner import JobRunner
 from tests.conftest import wait_for
 from tests.replay.conftest import (
     dead_letters,
     declare_app_queue,
     drain,
     queue_depth,
+    run,
+    run_in_thread,
     store,
     unroutable_row,
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def run(job, **kwargs):
-    job.refresh_from_db()
-    outcome = JobRunner(job.pk, job.token, **kwargs).run()
-    job.refresh_from_db()
-    return outcome
 
 
 # ---- validation ------------------------------------------------------------------------------
@@ -199,8 +192,7 @@ def test_cancel_stops_a_running_job_and_leaves_the_rest_pending(wired, amqp, ope
     dead_letters("jobs.cancel", 400)
     job = create_job(operator, filters={"queue": "jobs.cancel"}, rate=100)
     outcome = {}
-    thread = threading.Thread(target=lambda: outcome.update(r=run(job)))
-    thread.start()
+    thread = run_in_thread(job, outcome)
     wait_for(lambda: ReplayJob.objects.get(pk=job.pk).confirmed >= 50, message="progress")
 
     job.cancel(operator, via="api")
@@ -264,8 +256,7 @@ def test_messages_changed_while_a_job_runs_are_skipped_not_resent(wired, amqp, o
     # count tells that someone replayed one after the job was made.
     job = create_job(operator, message_ids=[m.pk for m in messages], rate=20)
     outcome = {}
-    thread = threading.Thread(target=lambda: outcome.update(r=run(job, claim_batch=5)))
-    thread.start()
+    thread = run_in_thread(job, outcome, claim_batch=5)
     wait_for(lambda: ReplayJob.objects.get(pk=job.pk).sent >= 1, message="the job to start")
     discard_message(messages[-1], operator)  # the last ones are claimed last
     replay_message(messages[-2], user=operator)

@@ -1,0 +1,222 @@
+"""Safety: canary, circuit breaker, crash takeover, concurrent jobs and claimers."""
+
+import threading
+from collections import Counter
+
+import pytest
+
+from recovery.jobs import create_job, resume_stalled_jobs, selection_sql
+from recovery.models import Activity, Message, ReplayJob, ReplayJobItem, Status
+from recovery.replay.runner import JobRunner
+from recovery.replay.store import JobStore
+from tests.conftest import wait_for
+from tests.replay.conftest import dead_letters, declare_app_queue, drain, run, run_in_thread
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def came_back(queue):
+    """Rows the collector stored for replayed messages that died again in ``queue``."""
+    return Message.objects.filter(source_queue=queue, origin__isnull=False)
+
+
+# ---- canary ------------------------------------------------------------------------------------
+
+
+def test_a_canary_that_dies_again_pauses_the_job(collector, amqp, operator, consumers):
+    declare_app_queue(amqp, "safe.canary")
+    dead_letters("safe.canary", 30)
+    consumer = consumers("safe.canary", reject=True)  # the consumer is still broken
+    job = create_job(
+        operator,
+        filters={"queue": "safe.canary"},
+        canary_size=5,
+        canary_pause_seconds=2,
+        canary_max_failure_pct=50,
+    )
+
+    assert run(job) == "paused"
+
+    assert job.state == "paused"
+    assert job.confirmed == 5
+    assert job.state_reason.startswith("canary: 5 of 5 canary messages (100%) came back")
+    assert came_back("safe.canary").count() == 5
+    originals = Message.objects.filter(source_queue="safe.canary", origin__isnull=True)
+    assert originals.filter(status=Status.PENDING).count() == 25
+    assert Activity.objects.filter(job=job, action="job_paused").exists()
+
+    # The consumer is fixed; the operator resumes, which accepts the canary.
+    consumer.reject = False
+    job.resume(operator)
+    assert run(job) == "done"
+    assert job.confirmed == 30
+    assert job.canary_passed_at is not None
+
+
+def test_a_healthy_canary_lets_the_job_continue(collector, amqp, operator, consumers):
+    declare_app_queue(amqp, "safe.fine")
+    dead_letters("safe.fine", 40)
+    consumer = consumers("safe.fine")
+    job = create_job(
+        operator, filters={"queue": "safe.fine"}, canary_size=10, canary_pause_seconds=1
+    )
+
+    assert run(job) == "done"
+
+    assert job.confirmed == 40 and job.canary_passed_at is not None
+    assert job.canary_max_failure_pct == 10.0  # the setting's default
+    assert Activity.objects.filter(job=job, action="job_canary_passed").exists()
+    wait_for(lambda: consumer.total == 40, message="40 consumed")
+    assert not came_back("safe.fine").exists()
+
+
+# ---- circuit breaker ----------------------------------------------------------------------------
+
+
+def test_the_circuit_breaker_pauses_a_job_whose_messages_die_again(
+    collector, amqp, operator, consumers, settings
+):
+    settings.REPLAY_BREAKER_MIN_SAMPLE = 20
+    declare_app_queue(amqp, "safe.breaker")
+    dead_letters("safe.breaker", 400)
+    consumers("safe.breaker", reject=True)
+    job = create_job(
+        operator, filters={"queue": "safe.breaker"}, rate=100, breaker_threshold_pct=50
+    )
+
+    assert run(job) == "paused"
+
+    assert job.state_reason.startswith("circuit breaker: ")
+    assert "threshold 50%" in job.state_reason
+    assert 20 <= job.confirmed < 400
+    assert job.dead_again >= 10
+    first_stop = job.confirmed
+
+    # Resumed with the consumer still broken: the breaker judges afresh and trips again.
+    job.resume(operator)
+    job.refresh_from_db()
+    assert (job.breaker_base_confirmed, job.breaker_base_dead) == (first_stop, job.dead_again)
+    assert run(job) == "paused"
+    assert job.confirmed >= first_stop + 20
+    assert (
+        Message.objects.filter(
+            source_queue="safe.breaker", origin__isnull=True, status=Status.PENDING
+        ).count()
+        == 400 - job.confirmed
+    )
+
+
+# ---- crashes and concurrency --------------------------------------------------------------------
+
+
+class Crash(BaseException):
+    """A runner dying mid-job (not an Exception: nothing catches it, nothing cleans up)."""
+
+
+class CrashingRunner(JobRunner):
+    """Dies right after claiming a batch, once 150 messages were confirmed."""
+
+    def _stage(self, claimed, buffer):
+        super()._stage(claimed, buffer)
+        if self.confirmed >= 150:
+            raise Crash()
+
+
+def test_a_crashed_runner_is_taken_over_and_nothing_is_lost(wired, amqp, operator, consumers):
+    declare_app_queue(amqp, "safe.crash")
+    messages = dead_letters("safe.crash", 500)
+    consumer = consumers("safe.crash")
+    job = create_job(operator, filters={"queue": "safe.crash"})
+    window = 60
+
+    with pytest.raises(Crash):
+        CrashingRunner(job.pk, job.token, window=window, claim_batch=20, lease_seconds=1).run()
+
+    job.refresh_from_db()
+    assert job.state == "running" and job.runner  # as a dead worker leaves it
+    assert ReplayJobItem.objects.filter(job=job, state="claimed").exists()
+
+    assert run(job, window=window, claim_batch=20, lease_seconds=1) == "done"
+
+    assert job.confirmed == 500 and job.total == 500
+    assert Activity.objects.filter(job=job, action="job_taken_over").exists()
+    wait_for(lambda: len(consumer.seen) == 500, message="every message consumed")
+    assert set(consumer.seen) == {m.message_id for m in messages}
+    duplicates = consumer.total - len(consumer.seen)
+    assert duplicates <= window, duplicates
+
+
+def test_a_live_runner_keeps_its_job(wired, amqp, operator):
+    declare_app_queue(amqp, "safe.live")
+    dead_letters("safe.live", 300)
+    job = create_job(operator, filters={"queue": "safe.live"}, rate=60)
+    outcome = {}
+    thread = run_in_thread(job, outcome, lease_seconds=2)
+    wait_for(lambda: ReplayJob.objects.get(pk=job.pk).sent >= 5, message="the job running")
+
+    # A second task for the same job (a duplicate enqueue) waits out the lease, sees the
+    # heartbeat move, and leaves.
+    assert JobRunner(job.pk, job.token, lease_seconds=2).run() == "busy"
+    assert resume_stalled_jobs() == []
+    thread.join(30)
+    assert outcome["r"] == "done"
+    assert len(drain("safe.live")) == 300
+
+
+def test_overlapping_jobs_never_send_a_message_twice(wired, amqp, operator, consumers):
+    declare_app_queue(amqp, "safe.overlap")
+    messages = dead_letters("safe.overlap", 300)
+    consumer = consumers("safe.overlap")
+    by_filter = create_job(operator, filters={"queue": "safe.overlap"})
+    by_ids = create_job(operator, message_ids=[m.pk for m in messages])
+    outcomes = [{}, {}]
+
+    threads = [
+        run_in_thread(by_filter, outcomes[0], claim_batch=10),
+        run_in_thread(by_ids, outcomes[1], claim_batch=10),
+    ]
+    for thread in threads:
+        thread.join(60)
+
+    assert [o["r"] for o in outcomes] == ["done", "done"]
+    by_filter.refresh_from_db()
+    by_ids.refresh_from_db()
+    assert by_filter.confirmed + by_ids.confirmed == 300
+    # A message both jobs selected was sent by one and skipped by the other.
+    skipped = by_filter.skipped + by_ids.skipped
+    assert by_filter.total + by_ids.total == 300 + skipped
+    wait_for(lambda: consumer.total >= 300, message="300 consumed")
+    assert consumer.total == len(consumer.seen) == 300
+
+
+def test_concurrent_claimers_never_claim_the_same_item(wired, operator):
+    dead_letters("safe.claims", 600)
+    job = create_job(operator, filters={"queue": "safe.claims"})
+    owner = JobStore(job.pk, "runner-a")
+    assert owner.acquire(str(job.token), 30)
+    job.refresh_from_db()
+    assert owner.populate(*selection_sql(job), 0) == 600
+    owner.close()
+    claimed = {"runner-a": [], "runner-b": [], "runner-c": []}
+
+    def claim_all(name):
+        store = JobStore(job.pk, name)
+        while True:
+            rows, _skipped, any_left = store.claim(7, ["pending"])
+            if not any_left:
+                break
+            claimed[name].extend(row.item_id for row in rows)
+        store.close()
+
+    threads = [threading.Thread(target=claim_all, args=(name,)) for name in claimed]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+
+    every = Counter(item for items in claimed.values() for item in items)
+    assert len(every) == 600 and max(every.values()) == 1
+    assert all(claimed.values())  # they really ran side by side
+    owners = dict(ReplayJobItem.objects.filter(job=job).values_list("id", "claimed_by"))
+    for name, items in claimed.items():
+        assert {owners[item] for item in items} == {name}
