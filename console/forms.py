@@ -231,6 +231,7 @@ class JobForm(MessageFilterForm):
 
 
 class ActivityFilterForm(forms.Form):
+    # What recovery.replay, recovery.jobs, the job runner, the API and this console log.
     ACTIONS = [
         ("", "any"),
         ("replay", "replay"),
@@ -238,8 +239,17 @@ class ActivityFilterForm(forms.Form):
         ("discard", "discard"),
         ("restore", "restore"),
         ("job_created", "job created"),
-        ("job_cancelled", "job cancelled"),
+        ("job_started", "job started"),
+        ("job_canary_passed", "job canary passed"),
+        ("job_paused", "job paused"),
         ("job_resumed", "job resumed"),
+        ("job_cancelled", "job cancelled"),
+        ("job_done", "job done"),
+        ("job_failed", "job failed"),
+        ("job_taken_over", "job taken over"),
+        ("retention", "retention"),
+        ("token_created", "API token created"),
+        ("token_revoked", "API token revoked"),
         ("user_created", "user created"),
         ("role_changed", "role changed"),
         ("user_deactivated", "user deactivated"),

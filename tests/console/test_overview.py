@@ -100,3 +100,18 @@ def test_the_live_fragment_reports_broker_and_collector(client, viewer, wired):
     assert 'id="collector-down"' in html  # no collector threads in this test
     full = client.get("/overview/live").content.decode()
     assert "<html" in full  # and a page of its own without JavaScript
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_live_fragment_shows_running_collectors_and_their_lag(client, viewer, collector):
+    from tests.conftest import wait_for
+
+    client.force_login(viewer)
+    html = wait_for(
+        lambda: (lambda page: page if "badge ok" in page else None)(
+            client.get("/overview/live", HTTP_HX_REQUEST="true").content.decode()
+        ),
+        message="the collectors' first heartbeat",
+    )
+    assert 'id="collector-sources"' in html and "recovery.returns" in html
+    assert "not declared" not in html
