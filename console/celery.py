@@ -10,7 +10,7 @@ app = Celery("lazarus")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["recovery"])
 app.autodiscover_tasks(["recovery"], related_name="count_tasks")
-app.conf.imports = ["recovery.outbox_tasks"]
+app.conf.imports = ["recovery.audit_tasks", "recovery.outbox_tasks"]
 
 app.user_options["worker"].add(
     click.Option(
@@ -24,8 +24,17 @@ from recovery.bootsteps import CollectorStep  # noqa: E402
 
 app.steps["worker"].add(CollectorStep)
 
+
+def nightly_at():
+    from django.conf import settings
+
+    hour, _, minute = settings.AUDIT_NIGHTLY_AT.partition(":")
+    return crontab(hour=int(hour), minute=int(minute or 0))
+
+
 app.conf.beat_schedule = {
     "retention": {"task": "recovery.tasks.apply_retention", "schedule": crontab(minute=17)},
+    "nightly-audit": {"task": "recovery.audit_tasks.nightly_audit", "schedule": nightly_at()},
     # Give-ups producers parked in the outbox while the broker was unreachable.
     "forward-client-outbox": {
         "task": "recovery.outbox_tasks.forward_client_outbox",

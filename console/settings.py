@@ -307,6 +307,17 @@ REPLAY_BREAKER_MIN_SAMPLE = env_int("REPLAY_BREAKER_MIN_SAMPLE", 20, minimum=1)
 AUDIT_PRODUCER_LOGS = env_str("AUDIT_PRODUCER_LOGS", str(BASE_DIR / "var" / "logs" / "producer"))
 AUDIT_CONSUMER_LOGS = env_str("AUDIT_CONSUMER_LOGS", str(BASE_DIR / "var" / "logs" / "consumer"))
 SPARK_MASTER = env_str("SPARK_MASTER", "local[*]")
+SPARK_DRIVER_MEMORY = env_str("SPARK_DRIVER_MEMORY", "2g")
+# Spark's default of 200 shuffle partitions is for clusters; a nightly slice on local[*] wants few.
+SPARK_SHUFFLE_PARTITIONS = env_int("SPARK_SHUFFLE_PARTITIONS", 8, minimum=1)
+AUDIT_TIMEOUT_SECONDS = env_int("AUDIT_TIMEOUT_SECONDS", 3 * 3600, minimum=1)
+# Which consumer groups expect which exchange/routing key: a JSON file, or (empty) a snapshot of
+# the broker's bindings taken by the management API when the audit runs (one queue = one group).
+AUDIT_BINDINGS = os.environ.get("AUDIT_BINDINGS", "")
+AUDIT_GRACE_MINUTES = env_int("AUDIT_GRACE_MINUTES", 60, minimum=0)
+AUDIT_SLA_MS = env_int("AUDIT_SLA_MS", 5000, minimum=1)
+# The nightly audit of yesterday (UTC) runs at this time (Celery beat).
+AUDIT_NIGHTLY_AT = env_str("AUDIT_NIGHTLY_AT", "02:30")
 
 # Celery task traffic uses the same RabbitMQ unless CELERY_BROKER_URL says otherwise.
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", RABBITMQ_URL)

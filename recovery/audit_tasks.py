@@ -1,0 +1,16 @@
+import datetime
+
+from celery import shared_task
+
+from recovery.audit import run_audit
+
+
+@shared_task(name="recovery.audit_tasks.nightly_audit")
+def nightly_audit(date=None):
+    """Audit yesterday (UTC) unless a date (YYYY-MM-DD) is given; returns the run id."""
+    day = (
+        datetime.date.fromisoformat(date)
+        if date
+        else datetime.datetime.now(datetime.UTC).date() - datetime.timedelta(days=1)
+    )
+    return run_audit(day).pk

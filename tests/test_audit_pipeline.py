@@ -1,0 +1,179 @@
+"""`manage.py audit` end to end: store export -> spark-submit (local) -> results in PostgreSQL."""
+
+import datetime
+import io
+import json
+
+import pytest
+from django.core.management import call_command
+
+from recovery.audit import export_store
+from recovery.models import AuditEvidence, AuditRun, Message
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+DAY = datetime.date(2026, 11, 20)
+T0 = int(datetime.datetime(2026, 11, 20, 10, 0, tzinfo=datetime.UTC).timestamp() * 1000)
+BINDINGS = [{"exchange": "shop", "routing_key": "order.#", "consumer_group": "billing"}]
+
+
+def write_log(base, side, hour, name, lines):
+    folder = base / side / f"dt={DAY.isoformat()}" / f"hour={hour:02d}"
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / f"{name}.jsonl").open("w") as fh:
+        for line in lines:
+            fh.write(line if isinstance(line, str) else json.dumps({"v": 1, **line}))
+            fh.write("\n")
+
+
+def produced(mid, attempt=1, outcome="ack", dt=0):
+    return {
+        "ts": T0 + dt,
+        "producer": "shop-api",
+        "message_id": mid,
+        "exchange": "shop",
+        "routing_key": "order.created",
+        "attempt": attempt,
+        "outcome": outcome,
+        "confirm_ms": 3,
+        "size": 100,
+    }
+
+
+def consumed(mid, dt=50, redelivered=False):
+    return {
+        "ts": T0 + dt,
+        "consumer_group": "billing",
+        "consumer": "billing-1",
+        "queue": "billing.orders",
+        "message_id": mid,
+        "redelivered": redelivered,
+        "outcome": "ack",
+        "handle_ms": 2,
+    }
+
+
+@pytest.fixture
+def logs(tmp_path):
+    write_log(
+        tmp_path,
+        "producer",
+        10,
+        "shop-api-host-1",
+        [
+            produced("ok-1"),
+            produced("retry-1", attempt=1, outcome="timeout"),
+            produced("retry-1", attempt=2, outcome="ack", dt=10),
+            produced("dead-1"),
+            produced("lost-1"),
+            '{"ts": "not a number", this is not json',
+        ],
+    )
+    write_log(
+        tmp_path,
+        "consumer",
+        10,
+        "billing-host-1",
+        [
+            consumed("ok-1"),
+            consumed("retry-1"),
+            consumed("retry-1", dt=60),
+        ],
+    )
+    return tmp_path
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_audits_a_day_and_keeps_revisions(logs):
+    Message.objects.create(
+        kind="dead_letter",
+        reason="rejected",
+        source_queue="billing.orders",
+        source_exchange="shop",
+        routing_keys=["order.created"],
+        message_id="dead-1",
+        body=b"",
+        body_size=0,
+        fingerprint="fp-dead-1",
+        group_key="g",
+        collected_at=datetime.datetime(2026, 11, 20, 10, 0, 1, tzinfo=datetime.UTC),
+    )
+    (logs / "bindings.json").write_text(json.dumps(BINDINGS))
+    args = [
+        "--date",
+        DAY.isoformat(),
+        "--producer-logs",
+        str(logs / "producer"),
+        "--consumer-logs",
+        str(logs / "consumer"),
+        "--now",
+        "2026-11-22T00:00:00",
+        "--master",
+        "local[1]",
+    ]
+    from django.conf import settings
+
+    settings.AUDIT_BINDINGS = str(logs / "bindings.json")
+    try:
+        out = io.StringIO()
+        call_command("audit", *args, stdout=out)
+        call_command("audit", *args, stdout=io.StringIO())
+    finally:
+        settings.AUDIT_BINDINGS = ""
+
+    first, second = AuditRun.objects.filter(date=DAY).order_by("revision")
+    assert (first.revision, second.revision) == (1, 2)
+    assert first.status == second.status == "succeeded"
+    assert first.finality == "FINAL"
+    totals = first.totals
+    assert totals["distinct_published"] == 4
+    assert totals["publish_attempts"] == 5
+    assert totals["producer_retries"] == 1
+    assert totals["delivered_unique"] == 2
+    assert totals["dead_lettered"] == 1
+    assert totals["lost"] == 1
+    assert totals["malformed_lines"] == 1
+    assert totals["dup_msgs"] == 1
+    assert first.windows.filter(consumer_group="billing").exists()
+    lost = AuditEvidence.objects.get(run=first, kind="lost")
+    assert lost.message_id == "lost-1"
+    assert AuditEvidence.objects.filter(run=first, kind="duplicate", message_id="retry-1").exists()
+    assert first.manifest["files"] and first.code_version
+    assert "lost=1" in out.getvalue()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_spark_run_is_recorded_not_hidden(tmp_path):
+    from recovery.audit import run_audit
+
+    run = run_audit(
+        DAY,
+        producer_logs=str(tmp_path / "p"),
+        consumer_logs=str(tmp_path / "c"),
+        master="no-such-master://x",
+        bindings=[],
+    )
+    assert run.status == "failed"
+    assert "spark-submit failed" in run.error
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_store_export_is_the_contract_spark_reads(tmp_path):
+    import pyarrow.parquet as pq
+
+    Message.objects.create(
+        kind="unroutable",
+        reason="no_route",
+        source_exchange="shop",
+        routing_keys=["x.y"],
+        message_id="",
+        body=b"",
+        body_size=0,
+        fingerprint="fp-u",
+        group_key="g",
+        collected_at=datetime.datetime(2026, 11, 20, 23, 59, tzinfo=datetime.UTC),
+    )
+    path = tmp_path / "store.parquet"
+    assert export_store(DAY, datetime.timedelta(hours=1), path) == 1
+    [row] = pq.read_table(path).to_pylist()
+    assert row["routing_key"] == "x.y" and row["message_id"] is None
