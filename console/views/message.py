@@ -91,7 +91,7 @@ def _detail_context(message, target_form=None, discard_form=None, error=None):
         "headers": display_rows(message.headers, skip=("x-death",)),
         "properties": display_rows(message.properties),
         "deaths": death_timeline(message),
-        "attempts": message.attempts.select_related("user", "job")[:50],
+        "attempts": message.attempts.select_related("user", "edit__user")[:50],
         "activity": message.activity.select_related("user").order_by("-created_at", "-id")[:20],
         "returns": message.returns.only("id", "collected_at", "status", "reason")[:20],
         "default_exchange": exchange,

@@ -131,6 +131,8 @@ def test_edit_and_replay_sends_the_edit_and_keeps_the_original(
     edit = MessageEdit.objects.get(message=message)
     assert edit.user == operator and bytes(edit.body) == b'{"qty": 2}'
     assert message.attempts.get().edited
+    page = client.get(f"/messages/{message.pk}/").content.decode()
+    assert "edited copy by otto" in page and "globex" in page and "{&quot;qty&quot;: 2}" in page
 
 
 def test_edit_refuses_headers_that_are_not_a_table(client, operator, wired):
@@ -259,3 +261,20 @@ def test_the_job_list_polls_only_while_a_job_is_active(
     assert 'hx-trigger="every 1s"' in client.get("/jobs/").content.decode()
     job_tasks(ReplayJob.objects.get())
     assert "hx-trigger" not in client.get("/jobs/").content.decode()
+
+
+def test_a_job_for_a_failure_group(client, operator, wired, queues, job_tasks):
+    queues("app.g")
+    for _ in range(2):
+        stored_in(wired, "app.g", group_key="g-timeouts")
+    stored_in(wired, "app.g", group_key="g-other")
+    client.force_login(operator)
+    form = client.get("/jobs/new", {"group": "g-timeouts"})
+    assert "failure group app.g · rejected" in form.content.decode()
+
+    client.post("/jobs/new", {"group": "g-timeouts"})
+
+    job = ReplayJob.objects.get()
+    assert (job.group_key, job.filters) == ("g-timeouts", {})
+    job_tasks(job)
+    assert job.confirmed == 2
