@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 # Reconnect back-off: short first (a connection closed by an operator comes back at once), capped
 # so a long outage does not become a tight loop.
 BACKOFF_FIRST, BACKOFF_MAX = 0.5, 10.0
-HEARTBEAT_SECONDS = 5.0
+HEARTBEAT_SECONDS = 5.0  # the console shows the rate over this interval
 
 # SQLSTATE classes that say "this row": data exceptions (22: bad encoding, value out of range),
 # integrity violations (23) and program limits (54: a jsonb or row too big). The batch is split and
@@ -204,6 +204,7 @@ class BatchWriter(threading.Thread):
     def run(self):
         connection = self.pool.connection
         try:
+            self.beat()  # "running", and the start of the first rate interval
             while not self.abandon.is_set():
                 try:
                     item = self.pool.batches.get(timeout=HEARTBEAT_SECONDS / 2)
@@ -295,7 +296,9 @@ class BatchWriter(threading.Thread):
         collector = self.collector
         now = time.monotonic()
         with collector.beat_lock:
-            if now - collector.last_beat < every:
+            # Also at once when a source wakes up, so a drain shows as soon as it starts.
+            waking = collector.beat_collected == 0 and collector.counters.collected > 0
+            if now - collector.last_beat < every and not waking:
                 return
             elapsed = now - collector.last_beat if collector.last_beat else 0.0
             previous = collector.beat_collected

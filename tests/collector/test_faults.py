@@ -1,0 +1,185 @@
+"""The collector under faults: killed, cut off from PostgreSQL, cut off from RabbitMQ, mid-drain.
+
+Every test fills recovery.dead_letters with N real dead letters (TTL-0 expiry), drains them with a
+real ``celery -A console worker --collector`` process, injects the fault and then checks the
+invariant: every message is in the store exactly once and the queue ends empty.
+
+Sizes come from the environment so the suite stays fast; the defaults keep each test within
+about 1-3 minutes on a 2-core machine: COLLECTOR_FAULT_KILL_N (100000),
+COLLECTOR_FAULT_N (30000) for the others, COLLECTOR_FAULT_SEED for the kill points.
+"""
+
+import os
+import random
+import subprocess
+import time
+
+import pika
+import pytest
+from django.db import connection
+
+from recovery.collector_health import collector_health
+from recovery.models import Message
+from tests.collector.conftest import depth, open_channel
+from tests.conftest import wait_for
+from tests.faults import TcpProxy
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+KILL_N = int(os.environ.get("COLLECTOR_FAULT_KILL_N", "100000"))
+FAULT_N = int(os.environ.get("COLLECTOR_FAULT_N", "30000"))
+BODY = b"f" * 1024
+
+
+def fill(vhost, queue, n):
+    """N real dead letters in recovery.dead_letters, message ids ``{queue}-{i}``."""
+    channel = open_channel(vhost)
+    channel.queue_delete(queue)
+    channel.queue_declare(
+        queue,
+        durable=True,
+        arguments={"x-dead-letter-exchange": "recovery.dlx", "x-message-ttl": 0},
+    )
+    for i in range(n):
+        channel.basic_publish(
+            "", queue, BODY, pika.BasicProperties(delivery_mode=2, message_id=f"{queue}-{i}")
+        )
+        if i % 10000 == 9999:
+            channel.connection.process_data_events(0)
+    wait_for(
+        lambda: depth(channel, "recovery.dead_letters") >= n,
+        timeout=120,
+        message=f"{n} dead letters",
+    )
+    channel.connection.close()
+
+
+def stored_count(queue):
+    return Message.objects.filter(source_queue=queue).count()
+
+
+def drain_with_faults(worker, queue, n, faults, timeout):
+    """Run the worker; when the store holds ``at`` × n rows, call the fault. Returns health seen."""
+    worker.start()
+    seen_draining = []
+    deadline = time.monotonic() + timeout
+    pending = sorted(faults)
+    while time.monotonic() < deadline:
+        count = stored_count(queue)
+        if count >= n:
+            return seen_draining
+        if pending and count >= pending[0][0] * n:
+            _at, fault = pending.pop(0)
+            fault()
+        if not seen_draining:
+            source = collector_health()["sources"][0]
+            if source["rate"] > 0 and source["depth"]:
+                seen_draining.append(source)
+        if not worker.alive() and not pending:
+            raise AssertionError(f"the worker died:\n{worker.log()}")
+        time.sleep(0.2)
+    raise AssertionError(f"{stored_count(queue)}/{n} stored after {timeout}s:\n{worker.log()}")
+
+
+def assert_exactly_once_and_empty(worker, queue, n, vhost):
+    worker.stop()  # anything still unacked would go back to the queue now
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(*), count(DISTINCT message_id) FROM recovery_message "
+            "WHERE source_queue = %s",
+            [queue],
+        )
+        total, distinct = cur.fetchone()
+    assert (total, distinct) == (n, n)
+    channel = open_channel(vhost)
+    assert depth(channel, "recovery.dead_letters") == 0
+    channel.connection.close()
+
+
+def test_kill_9_at_random_points_loses_and_doubles_nothing(worker_process, wired):
+    seed = int(os.environ.get("COLLECTOR_FAULT_SEED", time.time_ns() % 10_000))
+    points = sorted(random.Random(seed).uniform(0.1, 0.85) for _ in range(3))
+    print(f"kill -9 at {[round(p, 3) for p in points]} of {KILL_N} (COLLECTOR_FAULT_SEED={seed})")
+    fill(wired, "fault.kill", KILL_N)
+    worker = worker_process()
+    kills = []
+
+    def kill_and_restart():
+        kills.append(stored_count("fault.kill"))
+        worker.kill()
+        worker.start()
+
+    seen = drain_with_faults(
+        worker, "fault.kill", KILL_N, [(p, kill_and_restart) for p in points], timeout=600
+    )
+
+    assert len(kills) == 3 and all(0 < k < KILL_N for k in kills), kills
+    assert worker.starts == 4
+    assert seen, "/healthz never showed the drain (rate > 0 with a backlog)"
+    assert_exactly_once_and_empty(worker, "fault.kill", KILL_N, wired)
+
+
+def test_postgresql_dropping_and_refusing_connections_mid_drain(worker_process, wired):
+    fill(wired, "fault.pg", FAULT_N)
+    with TcpProxy(int(connection.settings_dict["PORT"])) as proxy:
+        db = connection.settings_dict
+        through_proxy = f"postgresql://{db['USER']}@127.0.0.1:{proxy.port}/{db['NAME']}"
+        worker = worker_process(database_url_=through_proxy)
+        events = []
+
+        def drop():
+            events.append(("drop", proxy.accepted))
+            proxy.drop()
+
+        def outage():
+            events.append(("outage", proxy.accepted))
+            proxy.outage(5)
+
+        drain_with_faults(worker, "fault.pg", FAULT_N, [(0.2, drop), (0.5, outage)], timeout=300)
+        assert [e for e, _accepted in events] == ["drop", "outage"]
+        # The worker really reconnected through the proxy after each cut.
+        assert events[0][1] < events[1][1] < proxy.accepted
+        assert_exactly_once_and_empty(worker, "fault.pg", FAULT_N, wired)
+
+
+def test_all_broker_connections_closed_mid_drain(worker_process, wired):
+    fill(wired, "fault.amqp", FAULT_N)
+    worker = worker_process()
+    closed = []
+
+    def close_all_connections():
+        closed.append(stored_count("fault.amqp"))
+        # --vhost: only this session's connections, never another engineer's.
+        subprocess.run(
+            ["rabbitmqctl", "close_all_connections", "--vhost", wired, "test"],
+            check=True,
+            capture_output=True,
+        )
+
+    drain_with_faults(
+        worker,
+        "fault.amqp",
+        FAULT_N,
+        [(0.2, close_all_connections), (0.5, close_all_connections)],
+        timeout=300,
+    )
+    assert len(closed) == 2 and worker.alive()
+    assert_exactly_once_and_empty(worker, "fault.amqp", FAULT_N, wired)
+
+
+@pytest.mark.disruptive
+def test_a_real_postgresql_restart_mid_drain(worker_process, wired):
+    """Restarts the shared PostgreSQL: run alone (``-m disruptive``), never beside other suites."""
+    fill(wired, "fault.pgrestart", FAULT_N)
+    worker = worker_process()
+
+    def restart_postgresql():
+        subprocess.run(
+            ["pg_ctlcluster", "--skip-systemctl-redirect", "15", "main", "restart"],
+            check=True,
+            capture_output=True,
+        )
+        connection.close()  # this test's own connection died with the server
+
+    drain_with_faults(worker, "fault.pgrestart", FAULT_N, [(0.3, restart_postgresql)], timeout=300)
+    assert_exactly_once_and_empty(worker, "fault.pgrestart", FAULT_N, wired)
