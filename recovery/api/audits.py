@@ -6,10 +6,11 @@ tests/api/test_audits.py checks the two lists agree). The API does not import py
 
 from django.db.models import Count
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import generics, serializers
-from rest_framework.pagination import CursorPagination
 
+from recovery.api.pagination import StrictCursorPagination
+from recovery.api.params import IsoDateField, Rfc3339DateTimeField, StrictBooleanField, validated
 from recovery.models import AuditEvidence, AuditInputGap, AuditRun, AuditWindow
 
 COUNT_METRICS = (
@@ -174,47 +175,36 @@ class AuditEvidenceSerializer(serializers.ModelSerializer):
         return f"/api/v1/messages/{evidence.store_id}" if evidence.store_id else None
 
 
-class AuditRunCursorPagination(CursorPagination):
+class AuditRunCursorPagination(StrictCursorPagination):
     ordering = ("-started_at", "-id")
-    page_size_query_param = "page_size"
-    max_page_size = 500
 
 
-class EvidenceCursorPagination(CursorPagination):
+class EvidenceCursorPagination(StrictCursorPagination):
     ordering = ("id",)
-    page_size_query_param = "page_size"
     max_page_size = 1000
 
 
-class AuditFilterSerializer(serializers.Serializer):
-    date = serializers.DateField(required=False)
+class AuditFilterParams(serializers.Serializer):
+    date = IsoDateField(required=False, help_text="the audited UTC day")
     status = serializers.ChoiceField(choices=AuditRun.State.choices, required=False)
-    latest = serializers.BooleanField(required=False, default=False)
+    latest = StrictBooleanField(
+        required=False, help_text="true: only the newest revision of each day"
+    )
 
 
-@extend_schema(
-    summary="Audit runs, newest first",
-    parameters=[
-        OpenApiParameter("date", str, description="the audited UTC day, YYYY-MM-DD"),
-        OpenApiParameter("status", str, enum=AuditRun.State.values),
-        OpenApiParameter(
-            "latest", bool, description="only the newest revision of each day (`true`)"
-        ),
-    ],
-)
+@extend_schema(summary="Audit runs, newest first", parameters=[AuditFilterParams])
 class AuditRunList(generics.ListAPIView):
     serializer_class = AuditRunSerializer
     pagination_class = AuditRunCursorPagination
 
     def get_queryset(self):
-        params = AuditFilterSerializer(data=self.request.query_params)
-        params.is_valid(raise_exception=True)
+        params = validated(AuditFilterParams, self.request.query_params)
         runs = AuditRun.objects.all()
-        if "date" in params.validated_data:
-            runs = runs.filter(date=params.validated_data["date"])
-        if "status" in params.validated_data:
-            runs = runs.filter(status=params.validated_data["status"])
-        if params.validated_data["latest"]:
+        if "date" in params:
+            runs = runs.filter(date=params["date"])
+        if "status" in params:
+            runs = runs.filter(status=params["status"])
+        if params.get("latest"):
             newest = AuditRun.objects.order_by("date", "-revision").distinct("date")
             runs = runs.filter(pk__in=newest.values("pk"))
         return runs
@@ -230,34 +220,22 @@ class AuditRunDetail(generics.RetrieveAPIView):
     queryset = AuditRun.objects.prefetch_related("windows", "input_gaps")
 
 
-class EvidenceFilterSerializer(serializers.Serializer):
-    kind = serializers.ChoiceField(
-        choices=["lost", "unverified", "duplicate", "orphan", "pending"], required=False
-    )
-    exchange = serializers.CharField(required=False, allow_blank=True)
-    consumer_group = serializers.CharField(required=False, allow_blank=True)
-    message_id = serializers.CharField(required=False)
-    window_start = serializers.DateTimeField(required=False)
+EVIDENCE_KINDS = ["lost", "unverified", "duplicate", "orphan", "pending"]
 
 
-@extend_schema(
-    summary="The message ids behind a run's numbers",
-    parameters=[
-        OpenApiParameter(
-            "kind", str, enum=["lost", "unverified", "duplicate", "orphan", "pending"]
-        ),
-        OpenApiParameter("exchange", str),
-        OpenApiParameter("consumer_group", str),
-        OpenApiParameter("message_id", str),
-        OpenApiParameter("window_start", str, description="ISO 8601 hour of the window"),
-    ],
-)
+class EvidenceFilterParams(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=EVIDENCE_KINDS, required=False)
+    exchange = serializers.CharField(required=False, allow_blank=True, max_length=255)
+    consumer_group = serializers.CharField(required=False, allow_blank=True, max_length=255)
+    message_id = serializers.CharField(required=False, allow_blank=True, max_length=255)
+    window_start = Rfc3339DateTimeField(required=False, help_text="the window's hour")
+
+
+@extend_schema(summary="The message ids behind a run's numbers", parameters=[EvidenceFilterParams])
 class AuditEvidenceList(generics.ListAPIView):
     serializer_class = AuditEvidenceSerializer
     pagination_class = EvidenceCursorPagination
 
     def get_queryset(self):
         run = get_object_or_404(AuditRun, pk=self.kwargs["pk"])
-        params = EvidenceFilterSerializer(data=self.request.query_params)
-        params.is_valid(raise_exception=True)
-        return run.evidence.filter(**params.validated_data)
+        return run.evidence.filter(**validated(EvidenceFilterParams, self.request.query_params))

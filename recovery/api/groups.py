@@ -4,10 +4,10 @@ from django.db.models import Count, Max, Min, Q
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, serializers
 from rest_framework.decorators import api_view
-from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
 
-from recovery.api.messages import FILTER_PARAMETERS, filter_form, filtered_messages
+from recovery.api.messages import FILTER_PARAMETERS, filtered_messages
+from recovery.api.pagination import StrictCursorPagination
 from recovery.collector_health import collector_health
 from recovery.models import Kind, Message, Status
 
@@ -25,10 +25,8 @@ class GroupSerializer(serializers.Serializer):
     last_seen = serializers.DateTimeField()
 
 
-class RecentlySeenCursorPagination(CursorPagination):
+class RecentlySeenCursorPagination(StrictCursorPagination):
     ordering = ("-last_seen", "group_key")
-    page_size_query_param = "page_size"
-    max_page_size = 500
 
 
 @extend_schema(
@@ -114,7 +112,7 @@ TOP_QUEUES = 50
 )
 @api_view(["GET"])
 def stats(request):
-    messages = filter_form(request.query_params).apply(Message.objects.order_by())
+    messages = filtered_messages(request.query_params, Message.objects.order_by())
     by_kind = dict.fromkeys(Kind.values, 0)
     by_kind.update(messages.values_list("kind").annotate(n=Count("id")))
     by_status = dict.fromkeys(Status.values, 0)

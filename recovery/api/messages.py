@@ -1,7 +1,8 @@
 """messages: list (filters, cursor pagination), detail, replay (target, edits), discard, restore."""
 
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import generics, serializers
 from rest_framework.decorators import api_view
 from rest_framework.exceptions import ValidationError
@@ -9,6 +10,7 @@ from rest_framework.response import Response
 
 from recovery.api.errors import problem_response
 from recovery.api.idempotency import idempotent
+from recovery.api.params import MessageFilterParams, validated
 from recovery.api.schema import IDEMPOTENCY_KEY
 from recovery.api.serializers import (
     MessageDetailSerializer,
@@ -16,39 +18,26 @@ from recovery.api.serializers import (
     ReplayAttemptSerializer,
     ReplayRequestSerializer,
 )
-from recovery.filters import MessageFilterForm
-from recovery.models import Kind, Message, Reason, ReplayAttempt, Status
-from recovery.replay import ReplayError, replay_message
+from recovery.filters import apply_filters
+from recovery.models import Message, ReplayAttempt
+from recovery.replay import (
+    BrokerUnavailable,
+    ReplayError,
+    StateError,
+    discard_message,
+    edit_and_replay,
+    replay_message,
+    restore_message,
+)
+
+FILTER_PARAMETERS = [MessageFilterParams]
 
 
-def _enum(enum):
-    return [choice.value for choice in enum]
-
-
-FILTER_PARAMETERS = [
-    OpenApiParameter("kind", str, enum=_enum(Kind), description="how it was lost"),
-    OpenApiParameter("queue", str, description="queue the message died in"),
-    OpenApiParameter("exchange", str, description="exchange it was published to"),
-    OpenApiParameter("reason", str, enum=_enum(Reason)),
-    OpenApiParameter("status", str, enum=_enum(Status)),
-    OpenApiParameter("vhost", str, description="virtual host"),
-    OpenApiParameter("group", str, description="failure-group key (see `groups`)"),
-    OpenApiParameter("since", str, description="collected at or after (ISO 8601 date-time)"),
-    OpenApiParameter("until", str, description="collected before (ISO 8601 date-time)"),
-    OpenApiParameter("q", str, description="search: message_id, correlation_id, group key, …"),
-]
-
-
-def filter_form(params):
-    """The shared MessageFilterForm, bound and validated (400 naming the field otherwise)."""
-    form = MessageFilterForm(params)
-    if not form.is_valid():
-        raise ValidationError(form.errors)
-    return form
-
-
-def filtered_messages(params):
-    return filter_form(params).apply(Message.objects.defer("body", "headers", "properties"))
+def filtered_messages(query_params, queryset=None):
+    """Messages matching the shared filters (recovery.filters.apply_filters)."""
+    if queryset is None:
+        queryset = Message.objects.defer("body", "headers", "properties")
+    return apply_filters(queryset, validated(MessageFilterParams, query_params))
 
 
 @extend_schema(parameters=FILTER_PARAMETERS, summary="List collected messages, newest first")
@@ -65,6 +54,23 @@ class MessageDetail(generics.RetrieveAPIView):
     queryset = Message.objects.all()
 
 
+# The engine names target/edit fields as the console form does; the API request names them so.
+ENGINE_FIELDS = {
+    "target_exchange": "exchange",
+    "target_routing_key": "routing_key",
+    "target_queue": "queue",
+    "headers_json": "headers",
+    "body": "body_text",
+}
+
+
+def as_request_fields(exc):
+    """A Django ValidationError from the engine -> DRF's, naming this request's fields."""
+    if not hasattr(exc, "error_dict"):
+        return ValidationError({"non_field_errors": exc.messages})
+    return ValidationError({ENGINE_FIELDS.get(k, k): v for k, v in exc.message_dict.items()})
+
+
 @extend_schema(
     summary="Replay one message now",
     parameters=[IDEMPOTENCY_KEY],
@@ -72,10 +78,11 @@ class MessageDetail(generics.RetrieveAPIView):
     responses={200: ReplayAttemptSerializer, 409: None, 422: None, 503: None},
     description="Publish with publisher confirms and mandatory. Without a target it goes back "
     "to the queue it died in (dead letters) or to its original exchange and routing key. "
-    "`headers` and `body_base64`/`body_text` edit what is sent (the stored original is kept). "
+    "`headers` and `body_base64`/`body_text` edit what is sent (the stored original is kept "
+    "and the edit is recorded). `delay_seconds` sends it through a delay queue first. "
     "200 with outcome `confirmed` means the broker acked it; `returned` means nothing was "
     "bound, and the message stays pending with the reason. 409: not replayable in its status "
-    "(or another replay holds it); 503: RabbitMQ unreachable, nothing was sent.",
+    "(replaying, discarded, held by a job); 503: RabbitMQ unreachable, nothing was sent.",
 )
 @api_view(["POST"])
 @idempotent
@@ -83,22 +90,29 @@ def replay(request, pk):
     message = get_object_or_404(Message, pk=pk)
     body = ReplayRequestSerializer(data=request.data)
     body.is_valid(raise_exception=True)
-    exchange, routing_key = body.target()
+    exchange, routing_key, queue = body.target()
     headers, new_body = body.edits()
+    target = {
+        "exchange": exchange,
+        "routing_key": routing_key,
+        "queue": queue,
+        "delay_seconds": body.validated_data.get("delay_seconds"),
+    }
     try:
-        attempt = replay_message(
-            message,
-            user=request.user,
-            exchange=exchange,
-            routing_key=routing_key,
-            via="api",
-            headers=headers,
-            body=new_body,
-        )
+        if headers is None and new_body is None:
+            attempt = replay_message(message, user=request.user, via="api", **target)
+        else:
+            attempt = edit_and_replay(
+                message, request.user, headers_json=headers, body=new_body, via="api", **target
+            )
+    except StateError as exc:
+        return problem_response(409, exc, "conflict", request)
+    except BrokerUnavailable as exc:
+        return problem_response(503, exc, "broker_unavailable", request)
     except ReplayError as exc:
-        if "broker" in str(exc):
-            return problem_response(503, exc, "broker_unavailable", request)
-        return problem_response(409, exc, "not_replayable", request)
+        return problem_response(409, exc, "conflict", request)
+    except DjangoValidationError as exc:
+        raise as_request_fields(exc) from None
     attempt = ReplayAttempt.objects.select_related("message").get(pk=attempt.pk)
     return Response(ReplayAttemptSerializer(attempt).data)
 
@@ -107,3 +121,40 @@ class DiscardRequestSerializer(serializers.Serializer):
     reason = serializers.CharField(
         required=False, allow_blank=True, max_length=1000, help_text="Why (kept in the activity)."
     )
+
+
+@extend_schema(
+    summary="Discard a message (soft; restore undoes it)",
+    request=DiscardRequestSerializer,
+    responses={200: MessageSerializer, 409: None},
+    description="A discarded message is never replayed, not even by a job that selected it "
+    "earlier; retention deletes it after RETENTION_DAYS. 409 if it is replaying, already "
+    "discarded or held by a running job.",
+)
+@api_view(["POST"])
+def discard(request, pk):
+    message = get_object_or_404(Message, pk=pk)
+    body = DiscardRequestSerializer(data=request.data)
+    body.is_valid(raise_exception=True)
+    try:
+        message = discard_message(
+            message, request.user, via="api", reason=body.validated_data.get("reason", "")
+        )
+    except StateError as exc:
+        return problem_response(409, exc, "conflict", request)
+    return Response(MessageSerializer(message).data)
+
+
+@extend_schema(
+    summary="Restore a discarded message to the status it had",
+    request=None,
+    responses={200: MessageSerializer, 409: None},
+)
+@api_view(["POST"])
+def restore(request, pk):
+    message = get_object_or_404(Message, pk=pk)
+    try:
+        message = restore_message(message, request.user, via="api")
+    except StateError as exc:
+        return problem_response(409, exc, "conflict", request)
+    return Response(MessageSerializer(message).data)

@@ -14,7 +14,7 @@ from recovery.api.errors import PROBLEM_CONTENT_TYPE, ProblemSerializer
 
 IDEMPOTENCY_KEY = OpenApiParameter(
     "Idempotency-Key",
-    str,
+    {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[\\x20-\\x7e]+$"},
     location=OpenApiParameter.HEADER,
     required=False,
     description="Any unique string up to 255 characters (a UUID). A retry of the same request "
@@ -22,6 +22,8 @@ IDEMPOTENCY_KEY = OpenApiParameter(
     "`Idempotent-Replayed: true`) and sends nothing again. The same key on a different request "
     "is a 422. Keys are kept for `IDEMPOTENCY_TTL_HOURS` (24 h).",
 )
+
+NO_NUL = "^[^\\u0000]*$"
 
 ERROR_DESCRIPTIONS = {
     "400": "Invalid input; `errors` names each field.",
@@ -48,6 +50,12 @@ class LazarusAutoSchema(AutoSchema):
         if operation is None:
             return None
         parameters = operation.get("parameters", [])
+        for parameter in parameters:
+            schema = parameter.get("schema", {})
+            free_text = not ({"enum", "format", "pattern"} & set(schema))
+            if parameter["in"] == "query" and schema.get("type") == "string" and free_text:
+                # Text parameters are refused with a NUL character (PostgreSQL text).
+                schema["pattern"] = NO_NUL
         codes = ["401", "403", "429", "500"]
         has_body = "requestBody" in operation
         if has_body or any(p["in"] == "query" for p in parameters):

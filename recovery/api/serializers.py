@@ -1,7 +1,7 @@
 import base64
-import binascii
 
 import pika.data
+from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -31,6 +31,7 @@ class MessageSerializer(serializers.ModelSerializer):
             "group_key",
             "status",
             "status_reason",
+            "discarded_at",
             "replay_count",
             "origin",
             "collected_at",
@@ -95,14 +96,18 @@ class TargetSerializer(serializers.Serializer):
         return attrs
 
     def target(self):
-        """(exchange, routing_key), both None for the default target."""
+        """(exchange, routing_key, queue); all None for the default target."""
         data = self.validated_data
-        if "queue" in data:
-            return "", data["queue"]
-        return data.get("exchange"), data.get("routing_key")
+        return data.get("exchange"), data.get("routing_key"), data.get("queue")
 
 
 class ReplayRequestSerializer(TargetSerializer):
+    delay_seconds = serializers.ChoiceField(
+        choices=settings.REPLAY_DELAYS,
+        required=False,
+        help_text="Delayed retry: publish through a TTL queue of this many seconds (one of the "
+        "setting REPLAY_DELAYS).",
+    )
     headers = serializers.DictField(
         required=False,
         help_text="Edit: replace the headers with these (tagged JSON, as in the message detail). "
@@ -127,7 +132,7 @@ class ReplayRequestSerializer(TargetSerializer):
     def validate_body_base64(self, value):
         try:
             return base64.b64decode(value, validate=True)
-        except binascii.Error:
+        except ValueError:  # binascii.Error, or non-ASCII text
             raise serializers.ValidationError("Not valid base64.") from None
 
     def validate(self, attrs):

@@ -7,12 +7,13 @@ would in the console: changing the role changes every token of the user.
 
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import generics, serializers
 from rest_framework.decorators import api_view, permission_classes
-from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
 
+from recovery.api.pagination import StrictCursorPagination
+from recovery.api.params import StrictBooleanField, validated
 from recovery.api.permissions import RolePermission
 from recovery.models import Activity, ApiToken, Role, has_role, role_of
 
@@ -45,10 +46,8 @@ class TokenSerializer(serializers.ModelSerializer):
         return token.revoked_at is None and token.user.is_active
 
 
-class NewestTokenCursorPagination(CursorPagination):
+class NewestTokenCursorPagination(StrictCursorPagination):
     ordering = ("-created_at", "-id")
-    page_size_query_param = "page_size"
-    max_page_size = 500
 
 
 class AdminOnly(RolePermission):
@@ -60,30 +59,25 @@ class AdminOnly(RolePermission):
         )
 
 
-class TokenFilterSerializer(serializers.Serializer):
-    user = serializers.CharField(required=False, max_length=150)
-    active = serializers.BooleanField(required=False, allow_null=True, default=None)
+class TokenFilterParams(serializers.Serializer):
+    user = serializers.CharField(required=False, max_length=150, help_text="username")
+    active = StrictBooleanField(
+        required=False, help_text="only active (true) or revoked (false) tokens"
+    )
 
 
-@extend_schema(
-    summary="API tokens (admin)",
-    parameters=[
-        OpenApiParameter("user", str, description="username"),
-        OpenApiParameter("active", bool, description="only active (true) or revoked (false)"),
-    ],
-)
+@extend_schema(summary="API tokens (admin)", parameters=[TokenFilterParams])
 class TokenList(generics.ListAPIView):
     serializer_class = TokenSerializer
     pagination_class = NewestTokenCursorPagination
     permission_classes = [AdminOnly]
 
     def get_queryset(self):
-        params = TokenFilterSerializer(data=self.request.query_params)
-        params.is_valid(raise_exception=True)
+        params = validated(TokenFilterParams, self.request.query_params)
         tokens = ApiToken.objects.select_related("user")
-        if "user" in params.validated_data:
-            tokens = tokens.filter(user__username=params.validated_data["user"])
-        active = params.validated_data.get("active")
+        if "user" in params:
+            tokens = tokens.filter(user__username=params["user"])
+        active = params.get("active")
         if active is True:
             tokens = tokens.filter(revoked_at__isnull=True, user__is_active=True)
         elif active is False:

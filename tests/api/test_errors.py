@@ -104,3 +104,10 @@ def test_django_level_404_and_500_are_problems_under_api_only():
     assert api_404.status_code == 404 and api_404["Content-Type"] == PROBLEM
     assert handler500(factory.get("/api/v1/x"))["Content-Type"] == PROBLEM
     assert handler404(factory.get("/messages/x"), None)["Content-Type"].startswith("text/html")
+
+
+def test_non_ascii_base64_is_a_400_not_a_crash(operator_api):
+    message = make_message()
+    response = operator_api.post(f"/api/v1/messages/{message.pk}/replay", {"body_base64": "é"})
+    assert response.status_code == 400
+    assert response.json()["errors"] == {"body_base64": ["Not valid base64."]}

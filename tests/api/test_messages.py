@@ -120,7 +120,7 @@ def test_replay_to_nowhere_is_returned_and_stays_pending(operator_api, wired):
 def test_replay_of_a_message_being_replayed_is_409(operator_api, wired):
     message = make_message(status="replaying")
     response = operator_api.post(f"/api/v1/messages/{message.pk}/replay")
-    assert response.status_code == 409 and response.json()["code"] == "not_replayable"
+    assert response.status_code == 409 and response.json()["code"] == "conflict"
     assert Message.objects.get(pk=message.pk).status == "replaying"
 
 
@@ -154,3 +154,41 @@ def test_messages_from_amqp_properties_survive_the_round_trip(operator_api, amqp
     [(properties, _)] = drain(amqp, app_queue)
     assert isinstance(properties, pika.BasicProperties)
     assert (properties.message_id, properties.correlation_id) == ("keep-id", "c-1")
+
+
+def test_discard_then_restore(operator_api, wired):
+    message = make_message(status="poisoned")
+    url = f"/api/v1/messages/{message.pk}"
+    discarded = operator_api.post(f"{url}/discard", {"reason": "bad payload, ticket 12"})
+    assert discarded.status_code == 200, discarded.content
+    assert discarded.json()["status"] == "discarded" and discarded.json()["discarded_at"]
+    again = operator_api.post(f"{url}/discard")
+    assert again.status_code == 409 and again.json()["code"] == "conflict"
+    assert operator_api.post(f"{url}/replay").status_code == 409
+    restored = operator_api.post(f"{url}/restore")
+    assert restored.status_code == 200 and restored.json()["status"] == "poisoned"
+    assert operator_api.post(f"{url}/restore").status_code == 409
+    actions = list(Activity.objects.order_by("id").values_list("action", "via"))
+    assert actions == [("discard", "api"), ("restore", "api")]
+    assert Activity.objects.get(action="discard").detail["reason"] == "bad payload, ticket 12"
+
+
+def test_a_delay_must_be_a_configured_one(operator_api, wired, settings):
+    message = make_message()
+    response = operator_api.post(f"/api/v1/messages/{message.pk}/replay", {"delay_seconds": 7})
+    assert response.status_code == 400 and "delay_seconds" in response.json()["errors"]
+
+
+def test_an_edited_replay_is_recorded_with_the_editor(operator_api, amqp, app_queue):
+    from recovery.models import MessageEdit
+
+    message = make_message(source_queue=app_queue)
+    response = operator_api.post(
+        f"/api/v1/messages/{message.pk}/replay",
+        {"body_base64": base64.b64encode(b"\x00\x01").decode()},
+    )
+    assert response.status_code == 200, response.content
+    [(_, body)] = drain(amqp, app_queue)
+    assert body == b"\x00\x01"
+    edit = MessageEdit.objects.get(message=message)
+    assert bytes(edit.body) == b"\x00\x01" and edit.user.username == "o" and edit.via == "api"

@@ -21,6 +21,8 @@ ENDPOINTS = [
     ("GET", "/api/v1/messages", VIEWER, 200, None),
     ("GET", "/api/v1/messages/{message}", VIEWER, 200, None),
     ("POST", "/api/v1/messages/{message}/replay", OPERATOR, 200, {}),
+    ("POST", "/api/v1/messages/{message}/discard", OPERATOR, 200, {"reason": "matrix"}),
+    ("POST", "/api/v1/messages/{discarded}/restore", OPERATOR, 200, None),
     ("GET", "/api/v1/groups", VIEWER, 200, None),
     ("GET", "/api/v1/stats", VIEWER, 200, None),
     ("GET", "/api/v1/audits", VIEWER, 200, None),
@@ -50,6 +52,7 @@ def objects(wired):
     owner = make_user("token-owner", VIEWER)
     return {
         "message": make_message(source_queue="matrix.q"),
+        "discarded": make_message(status="discarded", status_before_discard="pending"),
         "audit": make_audit(),
         "token": ApiToken.issue(owner)[0],
     }
@@ -58,10 +61,12 @@ def objects(wired):
 def state(objects):
     """What a refused request must not have changed."""
     message = Message.objects.get(pk=objects["message"].pk)
+    discarded = Message.objects.get(pk=objects["discarded"].pk)
     token = ApiToken.objects.get(pk=objects["token"].pk)
     return (
         message.status,
         message.replay_count,
+        discarded.status,
         ReplayAttempt.objects.count(),
         token.revoked_at,
     )
@@ -102,7 +107,10 @@ def test_the_matrix_covers_every_operation_in_the_schema(client):
     in_matrix = {
         (
             method,
-            path.replace("{message}", "{id}").replace("{audit}", "{id}").replace("{token}", "{id}"),
+            path.replace("{message}", "{id}")
+            .replace("{discarded}", "{id}")
+            .replace("{audit}", "{id}")
+            .replace("{token}", "{id}"),
         )
         for method, path, *_ in ENDPOINTS
     }
