@@ -567,6 +567,8 @@ class IdempotencyKey(models.Model):
     path = models.CharField(max_length=500)
     status_code = models.IntegerField(null=True, blank=True)
     response = models.JSONField(null=True, blank=True)
+    # Headers the retry must get back too (Location of a created job).
+    response_headers = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     expires_at = models.DateTimeField(db_index=True)
 
