@@ -102,6 +102,14 @@ def job_new(request):
     return render(request, template, ctx)
 
 
+def latest_attempts(job):
+    return (
+        job.attempts.select_related("message")
+        .only("created_at", "exchange", "routing_key", "outcome", "detail", "message__message_id")
+        .order_by("-created_at", "-id")[:20]
+    )
+
+
 @login_required
 @viewer_required
 @require_GET
@@ -111,7 +119,7 @@ def job_detail(request, pk):
         "job": job,
         "target": describe_target(job),
         "poll_seconds": POLL_SECONDS,
-        "attempts": job.attempts.select_related("message").order_by("-created_at", "-id")[:50],
+        "attempts": latest_attempts(job),
     }
     template = "jobs/detail.html"
     if request.htmx and request.htmx.target == "job-progress":
@@ -128,7 +136,12 @@ def _job_action(request, pk, method_name, done_message):
         error = "; ".join(getattr(exc, "messages", None) or [str(exc)])
     if request.htmx:
         job.refresh_from_db()
-        ctx = {"job": job, "poll_seconds": POLL_SECONDS, "error": error}
+        ctx = {
+            "job": job,
+            "poll_seconds": POLL_SECONDS,
+            "error": error,
+            "attempts": latest_attempts(job),
+        }
         return render(request, "jobs/detail.html#job-progress", ctx, status=409 if error else 200)
     if error:
         flash.error(request, error)

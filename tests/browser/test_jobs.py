@@ -46,6 +46,8 @@ def test_a_bulk_job_runs_and_the_page_follows_it_to_done(tab, operator, amqp, jo
     tab.screenshot("running")
     expect(tab.page.locator("#job-state")).to_have_text("done", timeout=30_000)
     expect(tab.page.locator(f"#job-{job.pk}-counts")).to_contain_text(f"{COUNT}/{COUNT} confirmed")
+    expect(tab.page.locator("#job-attempts tbody tr")).to_have_count(COUNT)
+    expect(tab.page.locator("#job-attempts")).to_contain_text("confirmed")
     tab.screenshot("done")
     assert amqp.queue_declare("app.bulk", passive=True).method.message_count == COUNT
     assert tab.errors == [], tab.errors
