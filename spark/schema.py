@@ -22,13 +22,13 @@ CORRUPT_RECORD = "_corrupt_record"
 
 PRODUCER_LOG_SCHEMA = T.StructType(
     [
-        T.StructField("v", T.IntegerType()),
+        T.StructField("v", T.LongType()),
         T.StructField("ts", T.LongType()),
         T.StructField("producer", T.StringType()),
         T.StructField("message_id", T.StringType()),
         T.StructField("exchange", T.StringType()),
         T.StructField("routing_key", T.StringType()),
-        T.StructField("attempt", T.IntegerType()),
+        T.StructField("attempt", T.LongType()),
         T.StructField("outcome", T.StringType()),
         T.StructField("confirm_ms", T.LongType()),
         T.StructField("size", T.LongType()),
@@ -37,7 +37,7 @@ PRODUCER_LOG_SCHEMA = T.StructType(
 
 CONSUMER_LOG_SCHEMA = T.StructType(
     [
-        T.StructField("v", T.IntegerType()),
+        T.StructField("v", T.LongType()),
         T.StructField("ts", T.LongType()),
         T.StructField("consumer_group", T.StringType()),
         T.StructField("consumer", T.StringType()),
@@ -49,6 +49,7 @@ CONSUMER_LOG_SCHEMA = T.StructType(
     ]
 )
 
+# Integers are read as 64-bit: narrower Parquet columns widen, wider ones would not narrow.
 # Fields a record cannot be audited without; a record missing one counts as a malformed line.
 PRODUCER_REQUIRED = ("ts", "producer", "message_id", "exchange", "outcome")
 CONSUMER_REQUIRED = ("ts", "consumer_group", "consumer", "message_id", "outcome")
@@ -64,7 +65,7 @@ STORE_EXPORT_SCHEMA = T.StructType(
         T.StructField("source_queue", T.StringType()),
         T.StructField("routing_key", T.StringType()),
         T.StructField("collected_at", T.TimestampType()),
-        T.StructField("replay_count", T.IntegerType()),
+        T.StructField("replay_count", T.LongType()),
         T.StructField("last_replayed_at", T.TimestampType()),
     ]
 )

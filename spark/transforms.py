@@ -73,7 +73,7 @@ STORE_ROW_TYPE = T.StructType(
         T.StructField("id", T.LongType()),
         T.StructField("kind", T.StringType()),
         T.StructField("reason", T.StringType()),
-        T.StructField("replay_count", T.IntegerType()),
+        T.StructField("replay_count", T.LongType()),
         T.StructField("covered_group", T.StringType()),
     ]
 )
@@ -148,7 +148,7 @@ def store_coverage(store: DataFrame, queue_group: DataFrame) -> DataFrame:
         F.col("id").alias("id"),
         F.col("kind").alias("kind"),
         F.col("reason").alias("reason"),
-        F.coalesce("replay_count", F.lit(0)).alias("replay_count"),
+        F.coalesce("replay_count", F.lit(0).cast("long")).alias("replay_count"),
         covered.alias("covered_group"),
     )
     return rows.groupBy("message_id").agg(
