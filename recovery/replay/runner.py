@@ -17,12 +17,14 @@ kill -9) can duplicate, because a new runner re-sends whatever was claimed and u
 
 import logging
 import os
+import queue
 import socket
 import threading
 import time
 import uuid
 from collections import deque
 
+import psycopg
 from django.conf import settings
 from django.utils import timezone
 
@@ -43,12 +45,96 @@ FLUSH_ROWS = 1000
 BREAKER_CHECK_S = 1.0
 # How long the publisher may be disconnected before the job says it is waiting for RabbitMQ.
 BROKER_QUIET_S = 2.0
+# Outcome writers per job (database connections); see Recorders.
+RECORDERS = 2
 # Set by the Celery worker_shutting_down signal (recovery.tasks): runners hand their job back.
 SHUTDOWN = threading.Event()
 
 
 class LeaseLost(Exception):
     """Another runner took the job over; stop without writing anything."""
+
+
+class Recorder(threading.Thread):
+    """Writes outcomes on its own database connection while the runner claims and publishes:
+    the store's writes (one message row update per message) are the slowest part of a replay,
+    and here they overlap with everything else."""
+
+    def __init__(self, store, user_id, via):
+        super().__init__(name=f"replay-recorder:{store.job_id}", daemon=True)
+        self.store, self.user_id, self.via = store, user_id, via
+        self.batches = queue.Queue()
+        self.lock = threading.Lock()
+        self.backlog = 0  # rows handed over, not yet written
+        self.confirmed = 0
+        self.error = None
+        self.idle = threading.Event()
+        self.idle.set()
+
+    def put(self, rows):
+        if self.error is not None:
+            raise self.error
+        with self.lock:
+            self.backlog += len(rows)
+            self.idle.clear()
+        self.batches.put(rows)
+
+    def run(self):
+        try:
+            while (rows := self.batches.get()) is not None:
+                if self.error is None:
+                    try:
+                        counts = self.store.record(rows, self.user_id, self.via)
+                    except Exception as exc:  # handed to the runner thread, which stops
+                        self.error = exc
+                        counts = {"confirmed": 0}
+                with self.lock:
+                    self.backlog -= len(rows)
+                    self.confirmed += counts["confirmed"]
+                    if self.backlog == 0:
+                        self.idle.set()
+        finally:
+            self.store.close()
+
+    def wait_idle(self):
+        while not self.idle.wait(1.0):
+            if not self.is_alive():
+                break
+        if self.error is not None:
+            raise self.error
+
+    def stop(self):
+        self.batches.put(None)
+        self.join(30)
+
+
+class Recorders:
+    """A few recorders side by side (each its own connection): PostgreSQL spreads the message
+    row updates over its cores. Batches go to the least busy one."""
+
+    def __init__(self, recorders):
+        self.recorders = recorders
+        for recorder in recorders:
+            recorder.start()
+
+    @property
+    def backlog(self):
+        return sum(r.backlog for r in self.recorders)
+
+    @property
+    def confirmed(self):
+        return sum(r.confirmed for r in self.recorders)
+
+    def put(self, rows):
+        min(self.recorders, key=lambda r: r.backlog).put(rows)
+
+    def wait_idle(self):
+        for recorder in self.recorders:
+            recorder.wait_idle()
+
+    def stop(self):
+        for recorder in self.recorders:
+            recorder.stop()
 
 
 def runner_name():
@@ -82,8 +168,9 @@ class JobRunner:
         self.publishers = {}
         self.declared_delays = set()
         self.job = None
+        self.recorder = None
         self.dead = 0
-        self.confirmed = 0
+        self.confirmed_before = 0
         self.last_breaker_check = 0.0
         self.disconnected_since = None
 
@@ -107,6 +194,12 @@ class JobRunner:
             except LeaseLost:
                 log.warning("replay job %s: lease taken over by another runner", self.job_id)
                 return "lost"
+            except psycopg.OperationalError as exc:
+                # The database went away: nothing can be recorded, so stop as a crash would.
+                # The job keeps this runner's (now stale) lease; resume_stalled_jobs hands it
+                # to a new runner, which re-sends what was claimed and not recorded.
+                log.error("replay job %s interrupted, database unavailable: %s", self.job_id, exc)
+                return "interrupted"
             except Exception as exc:
                 log.exception("replay job %s failed", self.job_id)
                 self._fail(exc)
@@ -114,6 +207,8 @@ class JobRunner:
         finally:
             for publisher in self.publishers.values():
                 publisher.close()
+            if self.recorder is not None:
+                self.recorder.stop()
             self.store.close()
 
     def _acquire(self, wait):
@@ -145,8 +240,16 @@ class JobRunner:
         self.target = Target.of_job(job)
         self.user_id = job.created_by_id
         self.replayed_by = job.created_by.get_username() if job.created_by_id else "lazarus"
-        self.confirmed = job.confirmed
+        self.confirmed_before = job.confirmed
         self.dead = job.dead_again
+        self.recorder = Recorders(
+            [
+                Recorder(
+                    JobStore(job.pk, self.runner_id, self.store.conninfo), self.user_id, job.via
+                )
+                for _ in range(RECORDERS)
+            ]
+        )
         self.breaker_pct = job.breaker_threshold_pct or 0
         self.canary = job.canary_size > 0 and job.canary_passed_at is None
 
@@ -172,7 +275,7 @@ class JobRunner:
                 if verdict is not None:
                     return self._stop(verdict, buffer)
                 next_control = now + CONTROL_S
-            unrecorded = len(pending) + len(results)
+            unrecorded = len(pending) + len(results) + self.recorder.backlog
             if not exhausted and not buffer and canary_until is None and unrecorded < self.window:
                 limit = min(self.claim_batch, self.window - unrecorded)
                 claimed, _skipped, any_left = store.claim(
@@ -200,7 +303,7 @@ class JobRunner:
                 self._flush(results)
                 last_flush = now
             if exhausted and not buffer and not pending:
-                self._flush(results)
+                self._settle(results)
                 if self.canary:
                     if canary_until is None:
                         remaining = job.canary_pause_seconds - store.canary_elapsed()
@@ -218,7 +321,9 @@ class JobRunner:
                     exhausted = False
             if buffer and rate:
                 timeout = max(0.001, (1.0 - tokens) / rate)
-            elif buffer or (not exhausted and len(pending) + len(results) < self.window):
+            elif buffer or (
+                not exhausted and len(pending) + len(results) + self.recorder.backlog < self.window
+            ):
                 continue  # more to claim or submit right away
             else:
                 timeout = 0.05
@@ -259,11 +364,18 @@ class JobRunner:
         return publisher
 
     def _flush(self, results):
-        if not results:
-            return
-        counts = self.store.record(results, self.user_id, self.job.via)
-        self.confirmed += counts["confirmed"]
-        results.clear()
+        if results:
+            self.recorder.put(list(results))
+            results.clear()
+
+    def _settle(self, results):
+        """Everything answered is written (before judging, pausing or finishing)."""
+        self._flush(results)
+        self.recorder.wait_idle()
+
+    @property
+    def confirmed(self):
+        return self.confirmed_before + self.recorder.confirmed
 
     # ---- control: heartbeat, state, breaker ------------------------------------------------
 
@@ -365,7 +477,7 @@ class JobRunner:
                         )
             if self.pending:
                 self.wakeup.wait(0.05)
-        self._flush(results)
+        self._settle(results)
         self.store.release(release)
         unknown.extend(self.pending)
         self.store.release(
