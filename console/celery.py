@@ -32,6 +32,12 @@ def nightly_at():
     return crontab(hour=int(hour), minute=int(minute or 0))
 
 
+def stall_sweep_seconds():
+    from django.conf import settings
+
+    return settings.REPLAY_STALL_SWEEP_SECONDS
+
+
 app.conf.beat_schedule = {
     "retention": {"task": "recovery.tasks.apply_retention", "schedule": crontab(minute=17)},
     "nightly-audit": {"task": "recovery.audit_tasks.nightly_audit", "schedule": nightly_at()},
@@ -39,6 +45,11 @@ app.conf.beat_schedule = {
     "forward-client-outbox": {
         "task": "recovery.outbox_tasks.forward_client_outbox",
         "schedule": 30.0,
+    },
+    # Replay jobs whose runner died (kill -9, lost machine) go to another worker.
+    "resume-stalled-replay-jobs": {
+        "task": "recovery.tasks.resume_stalled_jobs",
+        "schedule": stall_sweep_seconds(),
     },
     # Fold the overview's count deltas (recovery.models.MessageCount).
     "compact-message-counts": {
