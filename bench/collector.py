@@ -3,7 +3,8 @@
     .venv/bin/python bench/collector.py [N]           # default 100000
     .venv/bin/python bench/collector.py --rss 1000000  # peak RSS while draining 1M messages
     options: --skip-baseline, --rss-only, --in-process (SourceCollector threads instead of a
-             real ``celery -A console worker --collector`` process), --prefetch P --batch B
+             real ``celery -A console worker --collector`` process), --prefetch P --batch B,
+             --without-search-index (drain once more without the trigram search index)
 
 Drain: fills ``recovery.dead_letters`` with N real 1 KiB dead letters (published to an app queue
 with ``x-message-ttl: 0`` that dead-letters to ``recovery.dlx``, the way the baseline fills its
@@ -22,6 +23,7 @@ all created here and the vhosts deleted at the end.
 """
 
 import argparse
+import contextlib
 import os
 import re
 import signal
@@ -105,6 +107,46 @@ def store_count(pg):
     return pg.execute("SELECT count(*) FROM recovery_message").fetchone()[0]
 
 
+def progress(pg):
+    """Rows stored so far, cheaply: ids start at 1 after the TRUNCATE ... RESTART IDENTITY.
+
+    (A count(*) every 100 ms would steal the CPU being measured.) An id skipped by ON CONFLICT
+    makes this an overestimate, so the end is confirmed with count(*).
+    """
+    return pg.execute("SELECT coalesce(max(id), 0) FROM recovery_message").fetchone()[0]
+
+
+def cpu_seconds(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class BackendCpu:
+    """CPU used by the PostgreSQL backends of one client (PostgreSQL runs on this machine)."""
+
+    def __init__(self, pg, application_name):
+        self.pg = pg
+        self.application_name = application_name
+        self.seen = {}
+
+    def sample(self):
+        for (pid,) in self.pg.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name = %s AND pid <> pg_backend_pid()",
+            (self.application_name,),
+        ).fetchall():
+            used = cpu_seconds(pid)
+            if used is not None:
+                self.seen[pid] = used
+
+    def total(self):
+        return sum(self.seen.values())
+
+
 def start_worker(vhost, args, log_path):
     env = {
         **os.environ,
@@ -146,10 +188,11 @@ def rss_mb(pid):
 
 
 def drain(vhost, n, args, sample_rss=False):
-    """Drain N stored rows with one collector; returns (rate msg/s, rss samples in MB)."""
+    """Drain N dead letters with one collector; returns (rate msg/s, rss samples, cpu report)."""
     pg = psycopg.connect(BENCH_DB, autocommit=True)
-    pg.execute("TRUNCATE recovery_message CASCADE")
+    pg.execute("TRUNCATE recovery_message RESTART IDENTITY CASCADE")
     pg.execute("VACUUM ANALYZE recovery_message")
+    backends = BackendCpu(pg, "lazarus-collector")
     samples = []
     log_path = ROOT / "var" / f"bench-collector-{os.getpid()}.log"
     if args.in_process:
@@ -163,46 +206,77 @@ def drain(vhost, n, args, sample_rss=False):
         worker = start_worker(vhost, args, log_path)
         pid, stop = worker.pid, lambda: stop_worker(worker)
     try:
-        first_at, first_count, last_sample = None, 0, 0.0
+        first_at = first_count = first_cpu = None
+        last_sample = 0.0
         deadline = time.monotonic() + max(120, n / 500)
         while True:
-            count = store_count(pg)
+            count = progress(pg)
             now = time.perf_counter()
             if first_at is None and count:
-                first_at, first_count = now, count
-            if sample_rss and now - last_sample >= 1.0:
+                first_at, first_count, first_cpu = now, count, cpu_seconds(pid)
+            if now - last_sample >= 1.0:
                 last_sample = now
-                samples.append((count, rss_mb(pid)))
-                if len(samples) % 5 == 1:
-                    print(f"  rss {samples[-1][1]:7.1f} MB at {count:>8} stored", flush=True)
-            if count >= n:
+                backends.sample()
+                if sample_rss:
+                    samples.append((count, rss_mb(pid)))
+                    if len(samples) % 5 == 1:
+                        print(f"  rss {samples[-1][1]:7.1f} MB at {count:>8} stored", flush=True)
+            if count >= n and store_count(pg) >= n:
                 break
             if time.monotonic() > deadline:
                 raise SystemExit(f"drain stalled at {count}/{n}; see {log_path}")
             time.sleep(0.1)
+        backends.sample()
         elapsed = now - first_at
         rate = (n - first_count) / elapsed if elapsed > 0 else float("inf")
+        drained = n - first_count
+        cpu = {
+            "collector": (cpu_seconds(pid) - first_cpu) / drained * 1e6,
+            # Backends started with the collector, so this includes the first rows: close enough.
+            "postgres": backends.total() / n * 1e6,
+        }
     finally:
         stop()
         pg.close()
-    return rate, samples
+    return rate, samples, cpu
+
+
+@contextlib.contextmanager
+def search_index_dropped(name="msg_search_trgm"):
+    with psycopg.connect(BENCH_DB, autocommit=True) as pg:
+        definition = pg.execute(
+            "SELECT indexdef FROM pg_indexes WHERE indexname = %s", (name,)
+        ).fetchone()[0]
+        pg.execute(f'DROP INDEX "{name}"')
+        try:
+            yield
+        finally:
+            pg.execute(definition)
 
 
 def run_baseline(n, management):
     vhost = f"lazarus-bench-{os.getpid()}-baseline"
     make_vhost(management, vhost)
+    pg = psycopg.connect(BENCH_DB, autocommit=True)
+    backends = BackendCpu(pg, "")  # the baseline does not name its connection
     try:
-        out = subprocess.run(
+        child = subprocess.Popen(
             [sys.executable, str(BASELINE), str(n)],
             env={**os.environ, "RABBITMQ_URL": vhost_url(vhost), "BASELINE_DATABASE_URL": BENCH_DB},
-            capture_output=True,
+            stdout=subprocess.PIPE,
             text=True,
-            check=True,
-        ).stdout
+        )
+        while child.poll() is None:
+            backends.sample()
+            time.sleep(0.5)
+        out = child.stdout.read()
+        if child.returncode:
+            raise SystemExit(f"drain_baseline.py failed ({child.returncode}):\n{out}")
     finally:
         management.delete_vhost(vhost)
+        pg.close()
     print("  baseline:", out.strip().replace("\n", "\n  baseline: "))
-    return float(re.search(r"drain DLQ -> PG .*?(\d+) msg/s", out).group(1))
+    return float(re.search(r"drain DLQ -> PG .*?(\d+) msg/s", out).group(1)), backends.total() / n
 
 
 def main():
@@ -214,6 +288,12 @@ def main():
     parser.add_argument("--in-process", action="store_true")
     parser.add_argument("--prefetch", type=int)
     parser.add_argument("--batch", type=int)
+    parser.add_argument(
+        "--without-search-index",
+        action="store_true",
+        help="drain again with msg_search_trgm dropped (in the bench database only) to show "
+        "what the search index costs",
+    )
     args = parser.parse_args()
 
     ensure_database()
@@ -225,16 +305,35 @@ def main():
         if not args.rss_only:
             print(f"collector drain of {args.n} 1 KiB dead letters")
             print(f"  fill {fill(vhost, args.n):9.0f} msg/s")
-            rate, _ = drain(vhost, args.n, args)
-            print(f"  collector drain DLQ -> store {rate:9.0f} msg/s")
+            rate, _, cpu = drain(vhost, args.n, args)
+            print(
+                f"  collector drain DLQ -> store {rate:9.0f} msg/s  (CPU per message: collector "
+                f"{cpu['collector']:.0f} us, its PostgreSQL backends {cpu['postgres']:.0f} us)"
+            )
             if not args.skip_baseline:
-                baseline = run_baseline(args.n, management)
+                baseline, baseline_pg = run_baseline(args.n, management)
+                print(f"  (baseline's PostgreSQL backend: {baseline_pg * 1e6:.0f} us per message)")
                 print(f"collector / baseline = {rate:.0f} / {baseline:.0f} = {rate / baseline:.2f}")
+            if args.without_search_index:
+                with_index = rate
+                print("  again without the store's trigram search index (msg_search_trgm):")
+                with search_index_dropped():
+                    fill(vhost, args.n)
+                    rate, _, cpu = drain(vhost, args.n, args)
+                print(
+                    f"  collector drain DLQ -> store {rate:9.0f} msg/s  (CPU per message: "
+                    f"collector {cpu['collector']:.0f} us, PostgreSQL {cpu['postgres']:.0f} us)"
+                )
+                if not args.skip_baseline:
+                    print(
+                        f"collector without search index / baseline = {rate / baseline:.2f} "
+                        f"(with it: {with_index / baseline:.2f})"
+                    )
         if args.rss or args.rss_only:
             n = args.rss or 1_000_000
             print(f"collector RSS while draining {n} 1 KiB dead letters")
             print(f"  fill {fill(vhost, n):9.0f} msg/s")
-            rate, samples = drain(vhost, n, args, sample_rss=True)
+            rate, samples, _cpu = drain(vhost, n, args, sample_rss=True)
             rss = [mb for _count, mb in samples]
             print(f"  drained at {rate:.0f} msg/s; RSS samples: {len(rss)}")
             print(

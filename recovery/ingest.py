@@ -22,6 +22,8 @@ import json
 import re
 from typing import NamedTuple
 
+from psycopg.types.json import set_json_dumps
+
 from recovery import headers as header_codec
 
 PROPERTY_NAMES = (
@@ -193,8 +195,9 @@ def fingerprint_of(vhost, queue, properties_text, headers_text, body):
     return digest.hexdigest()
 
 
-# Sorted keys: a redelivery must produce the same text whatever order a table arrives in.
-_dumps = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
+# Keys in the order they came off the wire: a redelivery is the same stored message, encoded by
+# the broker the same way, so it produces the same text (and fingerprint) without sorting.
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def _dead_letter_origin(headers, routing_key):
@@ -324,7 +327,28 @@ CREATE TEMPORARY TABLE IF NOT EXISTS recovery_message_stage ON COMMIT DELETE ROW
 SELECT {", ".join(ROW_COLUMNS)} FROM recovery_message WITH NO DATA
 """
 _COLUMNS = ", ".join(ROW_COLUMNS)
-_COPY_SQL = f"COPY recovery_message_stage ({_COLUMNS}) FROM STDIN"
+# Binary COPY: half the client CPU of text COPY per row, and bodies travel as bytes, not hex.
+_COPY_SQL = f"COPY recovery_message_stage ({_COLUMNS}) FROM STDIN (FORMAT BINARY)"
+_NOT_TEXT = {
+    "routing_keys": "jsonb",
+    "properties": "jsonb",
+    "headers": "jsonb",
+    "death_count": "int4",
+    "first_death_at": "timestamptz",
+    "last_death_at": "timestamptz",
+    "body": "bytea",
+    "body_size": "int4",
+    "replay_count": "int4",
+    "origin_id": "int8",
+}
+_COPY_TYPES = [_NOT_TEXT.get(column, "text") for column in ROW_COLUMNS]
+
+
+def _json_text(value):
+    """The jsonb dumper's serialiser for COPY: StoreRow's JSON columns are JSON text already."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
 # origin_id may point at a row retention already deleted: keep the link only if it exists.
 _INSERT_SQL = f"""
 INSERT INTO recovery_message ({_COLUMNS}, collected_at, updated_at)
@@ -343,8 +367,10 @@ def store_rows(conn, rows):
     if not rows:
         return 0
     with conn.transaction(), conn.cursor() as cur:
+        set_json_dumps(_json_text, context=cur)
         cur.execute(_STAGE_SQL)
         with cur.copy(_COPY_SQL) as copy:
+            copy.set_types(_COPY_TYPES)
             for row in rows:
                 copy.write_row(row)
         cur.execute(_INSERT_SQL)
