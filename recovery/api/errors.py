@@ -10,6 +10,7 @@ nested fields are dotted (``target.exchange``) and errors not tied to a field ar
 import logging
 from http import HTTPStatus
 
+from django.core.exceptions import NON_FIELD_ERRORS
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import JsonResponse
 from django.views import defaults
@@ -95,15 +96,23 @@ def validation_summary(errors):
     return f"{field}: {messages[0]}"
 
 
+def django_error_detail(exc):
+    """A Django ValidationError as DRF detail; its ``__all__`` becomes ``non_field_errors``."""
+    if not hasattr(exc, "error_dict"):
+        return {NON_FIELD: exc.messages}
+    return {
+        (NON_FIELD if field == NON_FIELD_ERRORS else field): messages
+        for field, messages in exc.message_dict.items()
+    }
+
+
 def exception_handler(exc, context):
     """REST_FRAMEWORK["EXCEPTION_HANDLER"]: every exception a view raises -> a problem."""
     request = context.get("request")
     instance = request.path if request is not None else ""
     if isinstance(exc, DjangoValidationError):
         # Domain code (recovery.jobs, recovery.replay) raises Django's ValidationError.
-        exc = exceptions.ValidationError(
-            exc.message_dict if hasattr(exc, "error_dict") else {NON_FIELD: exc.messages}
-        )
+        exc = exceptions.ValidationError(django_error_detail(exc))
     response = drf_exception_handler(exc, context)
     if response is None:
         log.exception("API error on %s", instance, exc_info=exc)

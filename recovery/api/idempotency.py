@@ -31,6 +31,7 @@ from recovery.api.errors import PROBLEM_CONTENT_TYPE, problem, problem_response
 from recovery.models import IdempotencyKey
 
 HEADER = "Idempotency-Key"
+KEPT_HEADERS = ("Location",)
 MAX_KEY_LENGTH = 255
 # Answers after which nothing was sent and a retry may succeed: the key is released.
 RELEASED_STATUSES = {409, 429, 503}
@@ -82,15 +83,18 @@ def stored_response(row):
     return Response(
         row.response,
         status=row.status_code,
-        headers={"Idempotent-Replayed": "true"},
+        headers={**row.response_headers, "Idempotent-Replayed": "true"},
         content_type=content_type,
     )
 
 
-def store(row, status_code, data):
+def store(row, status_code, data, headers=None):
     row.status_code = status_code
     row.response = json.loads(json.dumps(data, cls=DjangoJSONEncoder))
-    row.save(update_fields=["status_code", "response"])
+    row.response_headers = {
+        name: headers[name] for name in KEPT_HEADERS if headers is not None and name in headers
+    }
+    row.save(update_fields=["status_code", "response", "response_headers"])
 
 
 def idempotent(view):
@@ -130,7 +134,7 @@ def idempotent(view):
         if response.status_code in RELEASED_STATUSES:
             row.delete()
         else:
-            store(row, response.status_code, response.data)
+            store(row, response.status_code, response.data, response)
         return response
 
     return wrapper

@@ -8,9 +8,9 @@ from rest_framework.decorators import api_view
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
-from recovery.api.errors import problem_response
+from recovery.api.errors import django_error_detail, problem_response
 from recovery.api.idempotency import idempotent
-from recovery.api.params import MessageFilterParams, validated
+from recovery.api.params import MessageFilterParams, StrictCharField, validated
 from recovery.api.schema import IDEMPOTENCY_KEY
 from recovery.api.serializers import (
     MessageDetailSerializer,
@@ -66,9 +66,9 @@ ENGINE_FIELDS = {
 
 def as_request_fields(exc):
     """A Django ValidationError from the engine -> DRF's, naming this request's fields."""
-    if not hasattr(exc, "error_dict"):
-        return ValidationError({"non_field_errors": exc.messages})
-    return ValidationError({ENGINE_FIELDS.get(k, k): v for k, v in exc.message_dict.items()})
+    return ValidationError(
+        {ENGINE_FIELDS.get(k, k): v for k, v in django_error_detail(exc).items()}
+    )
 
 
 @extend_schema(
@@ -118,7 +118,7 @@ def replay(request, pk):
 
 
 class DiscardRequestSerializer(serializers.Serializer):
-    reason = serializers.CharField(
+    reason = StrictCharField(
         required=False, allow_blank=True, max_length=1000, help_text="Why (kept in the activity)."
     )
 

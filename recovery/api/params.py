@@ -55,6 +55,36 @@ class StrictBooleanField(serializers.Field):
         return value
 
 
+# JSON bodies are typed as the schema says: DRF alone would take "5" for an integer, 5 for a
+# string and false for a number.
+class StrictCharField(serializers.CharField):
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictIntegerField(serializers.IntegerField):
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictFloatField(serializers.FloatField):
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictIntegerChoiceField(serializers.ChoiceField):
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid_choice", input=data)
+        return super().to_internal_value(data)
+
+
 DESCRIPTIONS = {
     "kind": "how it was lost",
     "queue": "queue the message died in",
@@ -72,10 +102,10 @@ def _strict_field(name, field):
     common = {"required": False, "help_text": DESCRIPTIONS.get(name, "")}
     if isinstance(field, forms.ChoiceField):
         # The form's "" ("any") is left out: an API client omits the parameter instead.
-        return serializers.ChoiceField(choices=[v for v, _ in field.choices if v], **common)
+        return serializers.ChoiceField(choices=[c for c in field.choices if c[0]], **common)
     if isinstance(field, forms.DateTimeField):
         return Rfc3339DateTimeField(**common)
-    return serializers.CharField(
+    return StrictCharField(
         max_length=field.max_length, allow_blank=True, trim_whitespace=False, **common
     )
 

@@ -58,7 +58,7 @@ class LazarusAutoSchema(AutoSchema):
                 schema["pattern"] = NO_NUL
         codes = ["401", "403", "429", "500"]
         has_body = "requestBody" in operation
-        if has_body or any(p["in"] == "query" for p in parameters):
+        if has_body or any(p["in"] in ("query", "header") for p in parameters):
             codes.append("400")
         if any(p["in"] == "path" or p["name"] == "cursor" for p in parameters):
             codes.append("404")

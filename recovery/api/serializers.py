@@ -6,6 +6,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from recovery import headers as header_codec
+from recovery.api.params import StrictCharField, StrictIntegerChoiceField
 from recovery.models import Message, ReplayAttempt
 
 
@@ -79,9 +80,9 @@ class TargetSerializer(serializers.Serializer):
     Omit all three for the default target (DESIGN.md "Replay semantics").
     """
 
-    exchange = serializers.CharField(required=False, allow_blank=True, max_length=255)
-    routing_key = serializers.CharField(required=False, allow_blank=True, max_length=255)
-    queue = serializers.CharField(
+    exchange = StrictCharField(required=False, allow_blank=True, max_length=255)
+    routing_key = StrictCharField(required=False, allow_blank=True, max_length=255)
+    queue = StrictCharField(
         required=False, max_length=255, help_text="Shortcut: publish to this queue via ''."
     )
 
@@ -102,7 +103,7 @@ class TargetSerializer(serializers.Serializer):
 
 
 class ReplayRequestSerializer(TargetSerializer):
-    delay_seconds = serializers.ChoiceField(
+    delay_seconds = StrictIntegerChoiceField(
         choices=settings.REPLAY_DELAYS,
         required=False,
         help_text="Delayed retry: publish through a TTL queue of this many seconds (one of the "
@@ -113,8 +114,8 @@ class ReplayRequestSerializer(TargetSerializer):
         help_text="Edit: replace the headers with these (tagged JSON, as in the message detail). "
         "Lazarus still strips x-death and adds its x-recovery-* headers.",
     )
-    body_base64 = serializers.CharField(required=False, help_text="Edit: the new body, base64.")
-    body_text = serializers.CharField(
+    body_base64 = StrictCharField(required=False, help_text="Edit: the new body, base64.")
+    body_text = StrictCharField(
         required=False, allow_blank=True, trim_whitespace=False, help_text="Edit: new body, UTF-8."
     )
 

@@ -14,8 +14,8 @@ from rest_framework.response import Response
 
 from recovery.api.pagination import StrictCursorPagination
 from recovery.api.params import StrictBooleanField, validated
-from recovery.api.permissions import RolePermission
-from recovery.models import Activity, ApiToken, Role, has_role, role_of
+from recovery.api.permissions import requires
+from recovery.models import Activity, ApiToken, Role, role_of
 
 
 class TokenSerializer(serializers.ModelSerializer):
@@ -50,13 +50,8 @@ class NewestTokenCursorPagination(StrictCursorPagination):
     ordering = ("-created_at", "-id")
 
 
-class AdminOnly(RolePermission):
-    """Token management is for admins, reads included."""
-
-    def has_permission(self, request, view):
-        return bool(request.user and request.user.is_authenticated) and has_role(
-            request.user, Role.ADMIN
-        )
+# Token management is for admins, reads included.
+AdminOnly = requires(Role.ADMIN)
 
 
 class TokenFilterParams(serializers.Serializer):

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from recovery.api import audits, groups, messages, tokens
+from recovery.api import audits, groups, messages, replay_jobs, tokens
 
 urlpatterns = [
     path("messages", messages.MessageList.as_view(), name="api-messages"),
@@ -10,6 +10,11 @@ urlpatterns = [
     path("messages/<int:pk>/replay", messages.replay, name="api-message-replay"),
     path("messages/<int:pk>/discard", messages.discard, name="api-message-discard"),
     path("messages/<int:pk>/restore", messages.restore, name="api-message-restore"),
+    path("replay-jobs", replay_jobs.ReplayJobs.as_view(), name="api-jobs"),
+    path("replay-jobs/dry-run", replay_jobs.dry_run, name="api-jobs-dry-run"),
+    path("replay-jobs/<int:pk>", replay_jobs.replay_job, name="api-job"),
+    path("replay-jobs/<int:pk>/cancel", replay_jobs.cancel, name="api-job-cancel"),
+    path("replay-jobs/<int:pk>/resume", replay_jobs.resume, name="api-job-resume"),
     path("groups", groups.GroupList.as_view(), name="api-groups"),
     path("stats", groups.stats, name="api-stats"),
     path("audits", audits.AuditRunList.as_view(), name="api-audits"),

@@ -103,3 +103,17 @@ def make_audit(date=datetime.date(2026, 11, 20), revision=1):
         run=run, kind="lost", window_start=start, exchange="orders", message_id="m-lost"
     )
     return run
+
+
+@pytest.fixture
+def celery_on_test_vhost(test_vhost):
+    """Jobs enqueue a Celery task when created: send it to this session's vhost, where no
+    worker of another session can pick it up. The test runs the task itself."""
+    from console.celery import app
+
+    original = app.conf.broker_url
+    app.conf.broker_url = settings.RABBITMQ_URL
+    app.close()
+    yield
+    app.close()
+    app.conf.broker_url = original

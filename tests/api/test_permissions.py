@@ -6,10 +6,12 @@ manages tokens. ``ENDPOINTS`` must list every operation of the schema (checked b
 endpoint cannot ship without its row.
 """
 
+import re
+
 import pytest
 import yaml
 
-from recovery.models import ApiToken, Message, ReplayAttempt, Role
+from recovery.models import ApiToken, Message, ReplayAttempt, ReplayJob, Role
 from tests.api.conftest import make_audit, make_message
 from tests.conftest import make_user
 
@@ -23,6 +25,12 @@ ENDPOINTS = [
     ("POST", "/api/v1/messages/{message}/replay", OPERATOR, 200, {}),
     ("POST", "/api/v1/messages/{message}/discard", OPERATOR, 200, {"reason": "matrix"}),
     ("POST", "/api/v1/messages/{discarded}/restore", OPERATOR, 200, None),
+    ("GET", "/api/v1/replay-jobs", VIEWER, 200, None),
+    ("POST", "/api/v1/replay-jobs", OPERATOR, 201, {"message_ids": ["{message}"]}),
+    ("POST", "/api/v1/replay-jobs/dry-run", VIEWER, 200, {"filters": {"queue": "matrix.q"}}),
+    ("GET", "/api/v1/replay-jobs/{job}", VIEWER, 200, None),
+    ("POST", "/api/v1/replay-jobs/{job}/cancel", OPERATOR, 200, None),
+    ("POST", "/api/v1/replay-jobs/{paused_job}/resume", OPERATOR, 200, None),
     ("GET", "/api/v1/groups", VIEWER, 200, None),
     ("GET", "/api/v1/stats", VIEWER, 200, None),
     ("GET", "/api/v1/audits", VIEWER, 200, None),
@@ -55,6 +63,10 @@ def objects(wired):
         "discarded": make_message(status="discarded", status_before_discard="pending"),
         "audit": make_audit(),
         "token": ApiToken.issue(owner)[0],
+        "job": ReplayJob.objects.create(created_by=owner, filters={"queue": "matrix.q"}),
+        "paused_job": ReplayJob.objects.create(
+            created_by=owner, filters={"queue": "matrix.q"}, state=ReplayJob.State.PAUSED
+        ),
     }
 
 
@@ -69,6 +81,7 @@ def state(objects):
         discarded.status,
         ReplayAttempt.objects.count(),
         token.revoked_at,
+        sorted(ReplayJob.objects.values_list("id", "state")),
     )
 
 
@@ -79,7 +92,10 @@ def state(objects):
 )
 def test_role_matrix(api_as, objects, persona, method, path, minimum, ok_status, body):
     client = api_as(persona_user(persona))
-    url = path.format(**{name: obj.pk for name, obj in objects.items()})
+    ids = {name: obj.pk for name, obj in objects.items()}
+    url = path.format(**ids)
+    if body and "message_ids" in body:
+        body = {"message_ids": [int(i.format(**ids)) for i in body["message_ids"]]}
     before = state(objects)
     response = client.request(method, url, body)
     if persona == "anonymous":
@@ -104,16 +120,7 @@ def test_the_matrix_covers_every_operation_in_the_schema(client):
         for method in operations
         if method in ("get", "post", "put", "patch", "delete")
     }
-    in_matrix = {
-        (
-            method,
-            path.replace("{message}", "{id}")
-            .replace("{discarded}", "{id}")
-            .replace("{audit}", "{id}")
-            .replace("{token}", "{id}"),
-        )
-        for method, path, *_ in ENDPOINTS
-    }
+    in_matrix = {(method, re.sub(r"\{\w+\}", "{id}", path)) for method, path, *_ in ENDPOINTS}
     assert documented == in_matrix
 
 

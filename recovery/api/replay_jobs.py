@@ -1,0 +1,282 @@
+"""replay-jobs: bulk replay by filter, ids or failure group — create, preview, list, watch, cancel,
+resume. The engine (``recovery.jobs``, ``recovery.replay.runner``) does the work; this module
+validates the request, calls it and describes it.
+"""
+
+from django.conf import settings
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
+from rest_framework import generics, serializers, status
+from rest_framework.decorators import api_view, permission_classes
+from rest_framework.response import Response
+
+from recovery import jobs
+from recovery.api.errors import problem_response
+from recovery.api.idempotency import idempotent
+from recovery.api.pagination import StrictCursorPagination
+from recovery.api.params import (
+    MessageFilterParams,
+    StrictBooleanField,
+    StrictCharField,
+    StrictFloatField,
+    StrictIntegerChoiceField,
+    StrictIntegerField,
+    validated,
+)
+from recovery.api.permissions import requires
+from recovery.api.schema import IDEMPOTENCY_KEY
+from recovery.models import ReplayJob, Role
+from recovery.replay import StateError
+
+# Named for SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"].
+ReplayJobState = ReplayJob.State
+
+
+class JobRequestSerializer(serializers.Serializer):
+    """Which messages (at least one of filters, message_ids, group_key), where, how fast/safely."""
+
+    filters = MessageFilterParams(
+        required=False, help_text="The message filters, as for GET /messages."
+    )
+    message_ids = serializers.ListField(
+        child=StrictIntegerField(min_value=1, max_value=2**63 - 1),
+        required=False,
+        min_length=1,
+        max_length=jobs.MAX_MESSAGE_IDS,
+    )
+    group_key = StrictCharField(required=False, max_length=64, help_text="A failure group.")
+    target_queue = StrictCharField(
+        required=False, max_length=255, help_text="Publish to this queue (default exchange)."
+    )
+    target_exchange = StrictCharField(required=False, allow_blank=True, max_length=255)
+    target_routing_key = StrictCharField(required=False, allow_blank=True, max_length=255)
+    delay_seconds = StrictIntegerChoiceField(
+        choices=settings.REPLAY_DELAYS,
+        required=False,
+        help_text="Delayed retry through a TTL queue (one of the setting REPLAY_DELAYS).",
+    )
+    rate = StrictFloatField(
+        required=False,
+        min_value=0.001,
+        max_value=1_000_000,
+        help_text="Messages per second; omit for as fast as confirms allow.",
+    )
+    include_poisoned = StrictBooleanField(required=False, default=False)
+    canary_size = StrictIntegerField(
+        required=False, default=0, min_value=0, max_value=jobs.MAX_MESSAGE_IDS
+    )
+    canary_pause_seconds = StrictFloatField(required=False, default=0, min_value=0, max_value=86400)
+    canary_max_failure_pct = StrictFloatField(
+        required=False,
+        min_value=0.001,
+        max_value=100,
+        help_text="Go on after the canary only below this % dead again "
+        "(default REPLAY_CANARY_MAX_FAILURE_PCT).",
+    )
+    breaker_threshold_pct = StrictFloatField(
+        required=False,
+        min_value=0,
+        max_value=100,
+        help_text="Pause when this % of replayed messages die again "
+        "(default REPLAY_BREAKER_THRESHOLD_PCT; 0 = off).",
+    )
+
+    def engine_arguments(self):
+        """Keyword arguments of recovery.jobs.create_job / dry_run."""
+        data = dict(self.validated_data)
+        if "filters" in data:
+            data["filters"] = {
+                name: value.isoformat() if hasattr(value, "isoformat") else value
+                for name, value in data["filters"].items()
+            }
+        return data
+
+
+class ProgressSerializer(serializers.Serializer):
+    state = serializers.ChoiceField(choices=ReplayJob.State.choices)
+    reason = serializers.CharField()
+    total = serializers.IntegerField(help_text="Messages the job covers.")
+    sent = serializers.IntegerField(help_text="Published, including those awaiting a confirm.")
+    confirmed = serializers.IntegerField()
+    returned = serializers.IntegerField(help_text="Nothing was bound; left pending.")
+    failed = serializers.IntegerField()
+    skipped = serializers.IntegerField(help_text="Changed since the job was made; not sent.")
+    in_flight = serializers.IntegerField()
+    remaining = serializers.IntegerField()
+    dead_again = serializers.IntegerField(help_text="Replayed, then dead-lettered again.")
+    percent = serializers.FloatField()
+
+
+class ReplayJobSerializer(serializers.ModelSerializer):
+    created_by = serializers.CharField(source="created_by.get_username", allow_null=True)
+    message_count = serializers.SerializerMethodField()
+    target = serializers.SerializerMethodField()
+    progress = ProgressSerializer()
+
+    class Meta:
+        model = ReplayJob
+        fields = [
+            "id",
+            "state",
+            "state_reason",
+            "progress",
+            "created_by",
+            "via",
+            "created_at",
+            "started_at",
+            "finished_at",
+            "heartbeat_at",
+            "filters",
+            "message_count",
+            "group_key",
+            "target",
+            "target_exchange",
+            "target_routing_key",
+            "target_queue",
+            "delay_seconds",
+            "rate",
+            "include_poisoned",
+            "canary_size",
+            "canary_pause_seconds",
+            "canary_max_failure_pct",
+            "canary_passed_at",
+            "breaker_threshold_pct",
+        ]
+        read_only_fields = fields
+
+    def get_message_count(self, job) -> int:
+        """How many ids the job was given (0 when it selects by filter or group)."""
+        return len(job.message_ids or [])
+
+    def get_target(self, job) -> str:
+        return jobs.describe_target(job)
+
+
+class ReplayJobDetailSerializer(ReplayJobSerializer):
+    message_ids = serializers.ListField(child=serializers.IntegerField(), read_only=True)
+
+    class Meta(ReplayJobSerializer.Meta):
+        fields = [*ReplayJobSerializer.Meta.fields, "message_ids"]
+        read_only_fields = fields
+
+
+class JobFilterParams(serializers.Serializer):
+    state = serializers.ChoiceField(choices=ReplayJob.State.choices, required=False)
+
+
+class NewestJobCursorPagination(StrictCursorPagination):
+    ordering = ("-created_at", "-id")
+
+
+class ReplayJobs(generics.ListAPIView):
+    serializer_class = ReplayJobSerializer
+    pagination_class = NewestJobCursorPagination
+
+    def get_queryset(self):
+        params = validated(JobFilterParams, self.request.query_params)
+        return ReplayJob.objects.select_related("created_by").filter(**params)
+
+    @extend_schema(summary="Replay jobs, newest first", parameters=[JobFilterParams])
+    def get(self, request, *args, **kwargs):
+        return super().get(request, *args, **kwargs)
+
+    @extend_schema(
+        summary="Start a bulk replay job",
+        parameters=[IDEMPOTENCY_KEY],
+        request=JobRequestSerializer,
+        responses={201: ReplayJobDetailSerializer, 409: None, 422: None},
+        description="Select messages by `filters`, `message_ids` and/or `group_key` (at least "
+        "one; only `pending` ones, plus `poisoned` with `include_poisoned`, plus `replayed` "
+        "when named by id or by `status=replayed`). Only messages collected before the job was "
+        "made are in it. The job starts at once on a worker; watch it with GET "
+        "/replay-jobs/{id} (`progress`). 400 names the field, `non_field_errors` when nothing "
+        "is selected or nothing matches. Send an Idempotency-Key: a retry then never starts a "
+        "second job.",
+    )
+    def post(self, request, *args, **kwargs):
+        return create(request)
+
+
+@idempotent
+def create(request):
+    body = JobRequestSerializer(data=request.data)
+    body.is_valid(raise_exception=True)
+    job = jobs.create_job(request.user, via="api", **body.engine_arguments())
+    job = ReplayJob.objects.select_related("created_by").get(pk=job.pk)
+    return Response(
+        ReplayJobDetailSerializer(job).data,
+        status=status.HTTP_201_CREATED,
+        headers={"Location": f"/api/v1/replay-jobs/{job.pk}"},
+    )
+
+
+class TargetCountSerializer(serializers.Serializer):
+    vhost = serializers.CharField()
+    exchange = serializers.CharField(help_text="Where the messages arrive ('' = default).")
+    routing_key = serializers.CharField()
+    via = serializers.CharField(help_text="Delay exchange they wait in first ('' = none).")
+    count = serializers.IntegerField()
+
+
+class DryRunSerializer(serializers.Serializer):
+    total = serializers.IntegerField()
+    targets = TargetCountSerializer(many=True)
+
+
+@extend_schema(
+    summary="Preview a job: how many messages would go where (sends nothing)",
+    request=JobRequestSerializer,
+    responses=DryRunSerializer,
+)
+@api_view(["POST"])
+@permission_classes([requires(Role.VIEWER)])  # the console previews for viewers too
+def dry_run(request):
+    body = JobRequestSerializer(data=request.data)
+    body.is_valid(raise_exception=True)
+    targets = jobs.dry_run(**body.engine_arguments())
+    return Response(
+        DryRunSerializer({"total": sum(t["count"] for t in targets), "targets": targets}).data
+    )
+
+
+@extend_schema(summary="One job with its progress", responses=ReplayJobDetailSerializer)
+@api_view(["GET"])
+def replay_job(request, pk):
+    job = get_object_or_404(ReplayJob.objects.select_related("created_by"), pk=pk)
+    return Response(ReplayJobDetailSerializer(job).data)
+
+
+@extend_schema(
+    summary="Cancel a job for good",
+    request=None,
+    responses={200: ReplayJobDetailSerializer, 409: None},
+    description="Messages not sent yet stay as they are. What is in flight is confirmed and "
+    "recorded first. 409 if the job already ended.",
+)
+@api_view(["POST"])
+def cancel(request, pk):
+    return _transition(request, pk, "cancel")
+
+
+@extend_schema(
+    summary="Resume a paused job (canary or circuit-breaker pause)",
+    parameters=[IDEMPOTENCY_KEY],
+    request=None,
+    responses={200: ReplayJobDetailSerializer, 409: None, 422: None},
+    description="After a canary pause, resuming accepts the canary; after a breaker pause the "
+    "breaker counts afresh. 409 unless the job is paused.",
+)
+@api_view(["POST"])
+@idempotent
+def resume(request, pk):
+    return _transition(request, pk, "resume")
+
+
+def _transition(request, pk, method):
+    job = get_object_or_404(ReplayJob, pk=pk)
+    try:
+        getattr(job, method)(request.user, via="api")
+    except StateError as exc:
+        return problem_response(409, exc, "conflict", request)
+    job = ReplayJob.objects.select_related("created_by").get(pk=pk)
+    return Response(ReplayJobDetailSerializer(job).data)
