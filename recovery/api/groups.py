@@ -1,6 +1,9 @@
 """groups: failure groups (messages that failed the same way) and stats (counts, collector lag)."""
 
-from django.db.models import Count, Max, Min, Q
+import datetime
+
+from django.db.models import Count, Max, Min, Q, Sum
+from django.db.models.functions import Coalesce
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, serializers
 from rest_framework.decorators import api_view
@@ -8,8 +11,10 @@ from rest_framework.response import Response
 
 from recovery.api.messages import FILTER_PARAMETERS, filtered_messages
 from recovery.api.pagination import StrictCursorPagination
+from recovery.api.params import MessageFilterParams, validated
 from recovery.collector_health import collector_health
-from recovery.models import Kind, Message, Status
+from recovery.filters import apply_filters
+from recovery.models import Kind, Message, MessageCount, Status
 
 
 class GroupSerializer(serializers.Serializer):
@@ -103,6 +108,64 @@ class StatsSerializer(serializers.Serializer):
 
 
 TOP_QUEUES = 50
+# Filters the trigger-kept rollup (MessageCount) can answer, and its column for each.
+ROLLUP_COLUMNS = {
+    "kind": "kind",
+    "queue": "source_queue",
+    "exchange": "source_exchange",
+    "reason": "reason",
+    "status": "status",
+    "vhost": "vhost",
+    "group": "group_key",
+}
+
+
+def _on_the_hour(moment):
+    utc = moment.astimezone(datetime.UTC)
+    return utc == utc.replace(minute=0, second=0, microsecond=0)
+
+
+def rollup_rows(filters):
+    """MessageCount rows for these filters, or None when only the messages can answer exactly
+    (a search, or since/until inside an hour). The rollup makes stats constant-time in the
+    size of the store; it is exact because triggers keep it in the writers' transactions."""
+    if filters.get("q") or not all(
+        _on_the_hour(filters[name]) for name in ("since", "until") if filters.get(name)
+    ):
+        return None
+    rows = MessageCount.objects.order_by()
+    if filters.get("since"):
+        rows = rows.filter(hour__gte=filters["since"])
+    if filters.get("until"):
+        rows = rows.filter(hour__lt=filters["until"])
+    for name, column in ROLLUP_COLUMNS.items():
+        if filters.get(name):
+            rows = rows.filter(**{column: filters[name]})
+    return rows
+
+
+def count_by(filters):
+    """(by kind, by status, top queues) from the rollup, or from the messages when it cannot."""
+    rows = rollup_rows(filters)
+    if rows is not None:
+        aggregate, column = Sum, "n"
+    else:
+        rows, aggregate, column = apply_filters(Message.objects.order_by(), filters), Count, "id"
+    total = aggregate(column)
+    pending = Coalesce(aggregate(column, filter=Q(status=Status.PENDING)), 0)
+    queue = "source_queue"
+    by_kind = dict.fromkeys(Kind.values, 0)
+    by_kind.update((k, n) for k, n in rows.values_list("kind").annotate(n=total) if n)
+    by_status = dict.fromkeys(Status.values, 0)
+    by_status.update((k, n) for k, n in rows.values_list("status").annotate(n=total) if n)
+    by_queue = (
+        rows.values(queue)
+        .annotate(count=total, pending=pending)
+        .filter(count__gt=0)
+        .order_by("-count", queue)[:TOP_QUEUES]
+    )
+    queues = [{"queue": r[queue], "count": r["count"], "pending": r["pending"]} for r in by_queue]
+    return by_kind, by_status, queues
 
 
 @extend_schema(
@@ -112,25 +175,19 @@ TOP_QUEUES = 50
 )
 @api_view(["GET"])
 def stats(request):
-    messages = filtered_messages(request.query_params, Message.objects.order_by())
-    by_kind = dict.fromkeys(Kind.values, 0)
-    by_kind.update(messages.values_list("kind").annotate(n=Count("id")))
-    by_status = dict.fromkeys(Status.values, 0)
-    by_status.update(messages.values_list("status").annotate(n=Count("id")))
-    by_queue = (
-        messages.values("source_queue")
-        .annotate(count=Count("id"), pending=Count("id", filter=Q(status=Status.PENDING)))
-        .order_by("-count", "source_queue")[:TOP_QUEUES]
+    filters = validated(MessageFilterParams, request.query_params)
+    by_kind, by_status, by_queue = count_by(filters)
+    oldest = (
+        apply_filters(Message.objects.filter(status=Status.PENDING), filters)
+        .order_by("collected_at")
+        .values_list("collected_at", flat=True)
+        .first()
     )
-    oldest = messages.filter(status=Status.PENDING).aggregate(at=Min("collected_at"))["at"]
     data = {
         "total": sum(by_status.values()),
         "by_kind": by_kind,
         "by_status": by_status,
-        "by_queue": [
-            {"queue": row["source_queue"], "count": row["count"], "pending": row["pending"]}
-            for row in by_queue
-        ],
+        "by_queue": by_queue,
         "oldest_pending_at": oldest,
         "collector": collector_health(),
     }

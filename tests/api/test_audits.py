@@ -1,0 +1,93 @@
+"""audits: runs (by day, newest revision), one run with totals and windows, its evidence."""
+
+import datetime
+
+import pytest
+
+from recovery.api import audits as api_audits
+from recovery.models import AuditEvidence, AuditRun
+from tests.api.conftest import make_audit, make_message
+from tests.conftest import make_user
+
+
+@pytest.fixture
+def viewer_api(api_as, db):
+    return api_as(make_user("v", "viewer"))
+
+
+def test_last_nights_audit_newest_revision_first(viewer_api):
+    night = datetime.date(2026, 11, 20)
+    make_audit(night - datetime.timedelta(days=1))
+    first = make_audit(night, revision=1)
+    second = make_audit(night, revision=2)
+    runs = viewer_api.get("/api/v1/audits", {"date": "2026-11-20"}).json()["results"]
+    assert [r["id"] for r in runs] == [second.pk, first.pk]
+    latest = viewer_api.get("/api/v1/audits", {"latest": "true"}).json()["results"]
+    assert {(r["date"], r["revision"]) for r in latest} == {("2026-11-20", 2), ("2026-11-19", 1)}
+    assert runs[0]["totals"]["distinct_published"] == 10
+
+
+def test_a_run_carries_status_totals_windows_and_gaps(viewer_api):
+    run = make_audit()
+    body = viewer_api.get(f"/api/v1/audits/{run.pk}").json()
+    assert body["status"] == "succeeded" and body["finality"] == "FINAL"
+    assert body["totals"]["publish_attempts"] == 12 and body["totals"]["lost"] == 1
+    [window] = body["windows"]
+    assert window["exchange"] == "orders" and window["consumer_group"] == "billing"
+    assert window["metrics"]["loss_ppm"] == 1e5
+    assert body["evidence_counts"] == {"lost": 1}
+    assert body["input_gaps"] == []
+
+
+def test_evidence_links_to_the_store_and_filters(viewer_api):
+    run = make_audit()
+    stored = make_message(message_id="dup-1")
+    AuditEvidence.objects.create(
+        run=run,
+        kind="duplicate",
+        message_id="dup-1",
+        cause="producer_retry",
+        count=2,
+        store_id=stored.pk,
+    )
+    url = f"/api/v1/audits/{run.pk}/evidence"
+    duplicates = viewer_api.get(url, {"kind": "duplicate"}).json()["results"]
+    assert [(e["message_id"], e["count"]) for e in duplicates] == [("dup-1", 2)]
+    assert duplicates[0]["message"] == f"/api/v1/messages/{stored.pk}"
+    lost = viewer_api.get(url, {"kind": "lost"}).json()["results"]
+    assert lost[0]["message_id"] == "m-lost" and lost[0]["message"] is None
+    assert viewer_api.get(url, {"kind": "stolen"}).status_code == 400
+    assert viewer_api.get("/api/v1/audits/999999/evidence").status_code == 404
+
+
+@pytest.mark.parametrize(
+    "params,field",
+    [({"date": "20-11-2026"}, "date"), ({"latest": "yes"}, "latest"), ({"status": "x"}, "status")],
+)
+def test_bad_audit_filters_name_the_field(viewer_api, params, field):
+    response = viewer_api.get("/api/v1/audits", params)
+    assert response.status_code == 400 and field in response.json()["errors"]
+
+
+def test_the_metric_names_are_the_spark_jobs():
+    from spark import metrics as spark_metrics
+
+    assert api_audits.METRICS == spark_metrics.METRICS
+    assert api_audits.FINAL_ONLY == spark_metrics.FINAL_ONLY
+    for name in (
+        "distinct_published",
+        "publish_attempts",
+        "producer_retries",
+        "lost",
+        "dup_msgs",
+        "dup_deliveries",
+        "orphan_consumptions",
+        "malformed_lines",
+    ):
+        assert name in api_audits.METRICS
+
+
+def test_a_running_audit_has_empty_totals(viewer_api):
+    run = AuditRun.objects.create(date=datetime.date(2026, 11, 21))
+    body = viewer_api.get(f"/api/v1/audits/{run.pk}").json()
+    assert body["status"] == "running" and body["totals"] == {} and body["windows"] == []
