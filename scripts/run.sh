@@ -20,7 +20,7 @@ trap stop INT TERM EXIT
 pids+=($!)
 .venv/bin/celery -A console beat -l info -s var/celerybeat-schedule &
 pids+=($!)
-$M simulate --count 5 --every 30 &
+$M simulate --count 60 --rate 10 --every 30 &
 pids+=($!)
 $M runserver "127.0.0.1:$PORT" --noreload &
 pids+=($!)

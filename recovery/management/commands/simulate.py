@@ -5,6 +5,7 @@ import pika.exceptions
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from recovery.broker import ManagementError
 from recovery.collector import database_conninfo
 from recovery.simulator import Rates, Simulation, SimulationConfig
 from recovery.simulator.demo import TopologyError
@@ -149,10 +150,8 @@ class Command(BaseCommand):
             while True:
                 round_no += 1
                 round_started = time.monotonic()
-                try:
-                    truth = simulation.run_round(round_no)
-                finally:
-                    simulation.write()
+                truth = simulation.run_round(round_no)
+                simulation.write()
                 self.stdout.write(f"round {round_no}: " + _line(truth["totals"]))
                 if not options["every"] and not options["duration"]:
                     break
@@ -167,6 +166,8 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         except (pika.exceptions.AMQPConnectionError, ConnectionError) as exc:
             raise CommandError(f"cannot reach RabbitMQ for vhost {config.vhost!r}: {exc}") from exc
+        except ManagementError as exc:
+            raise CommandError(f"RabbitMQ management API (forced drops, crashes): {exc}") from exc
         except KeyboardInterrupt:
             self.stdout.write("interrupted: the truth covers the rounds that finished")
         self.stdout.write(f"totals over {len(simulation.rounds)} round(s):")
