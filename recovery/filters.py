@@ -1,6 +1,9 @@
 """The one message filter, shared by the console list, the API and bulk replay jobs."""
 
+import contextlib
+
 from django import forms
+from django.db import connection, transaction
 from django.db.models import BooleanField, Q
 from django.db.models.expressions import RawSQL
 
@@ -106,3 +109,48 @@ def search_q(text):
                 RawSQL(f"{SEARCH_DOCUMENT_SQL} ILIKE %s", [pattern], output_field=BooleanField())
             )
     return q
+
+
+# A search matching at most this many messages is listed from its matches (see narrow_search).
+SELECTIVE_SEARCH_LIMIT = 1000
+
+
+def narrow_search(queryset, data):
+    """``queryset`` (filtered with ``data``) made safe to page newest-first when it searches.
+
+    PostgreSQL cannot estimate how many rows a substring search matches and assumes many, so
+    for ``ORDER BY collected_at DESC LIMIT n`` it walks the newest-first index and tests every
+    row until n match: instant for a common word, a full scan (~1 min at a million messages)
+    for a rare one, which is what ids are. So ask the trigram index first, with plain index
+    scans off (bitmap scans only, which never walk the store): up to SELECTIVE_SEARCH_LIMIT
+    matches are then listed by primary key; more means the term is common and the index walk
+    finds a page quickly. Without a substring search, ``queryset`` is returned as it is.
+
+    Evaluates one query now; the result is a lazy queryset like its input.
+    """
+    q = (data.get("q") or "").strip()
+    if len(q) < MIN_SUBSTRING_LENGTH:
+        return queryset
+    with transaction.atomic(), planner_settings(enable_seqscan="off", enable_indexscan="off"):
+        ids = list(queryset.order_by().values_list("pk", flat=True)[: SELECTIVE_SEARCH_LIMIT + 1])
+    if len(ids) > SELECTIVE_SEARCH_LIMIT:
+        return queryset
+    return queryset.filter(pk__in=ids)
+
+
+@contextlib.contextmanager
+def planner_settings(**values):
+    """Set PostgreSQL settings for the current transaction and put them back on the way out.
+
+    Inside transaction.atomic(): an error rolls the settings back with the savepoint; on success
+    they are restored here, so an enclosing transaction (a test, a request) keeps its own.
+    """
+    with connection.cursor() as cur:
+        names = list(values)
+        cur.execute("SELECT " + ", ".join("current_setting(%s)" for _ in names), names)
+        previous = cur.fetchone()
+        for name, value in values.items():
+            cur.execute("SELECT set_config(%s, %s, true)", [name, str(value)])
+        yield
+        for name, value in zip(names, previous, strict=True):
+            cur.execute("SELECT set_config(%s, %s, true)", [name, value])

@@ -5,6 +5,7 @@ from urllib.parse import urlencode
 from django.contrib import messages as flash
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
+from django.db import OperationalError, transaction
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
@@ -13,12 +14,18 @@ from django.views.decorators.http import require_GET, require_POST
 from console.access import operator_required, viewer_required
 from console.forms import BulkActionForm
 from console.views.paging import newest_first_page, query_without
-from recovery.filters import MIN_SUBSTRING_LENGTH, MessageFilterForm
+from recovery.filters import (
+    MIN_SUBSTRING_LENGTH,
+    MessageFilterForm,
+    narrow_search,
+    planner_settings,
+)
 from recovery.jobs import create_job
 from recovery.models import Message
 from recovery.replay import ReplayError, discard_message
 
 PAGE_SIZE = 50
+SEARCH_TIMEOUT_MS = 5000
 LIST_COLUMNS = (
     "id",
     "kind",
@@ -35,16 +42,33 @@ LIST_COLUMNS = (
 )
 
 
+def _page(form, before):
+    """One newest-first page. A free-text search gets a time limit: a term made only of very
+    common trigrams (short numbers, say) can make PostgreSQL recheck most of the store."""
+    queryset = form.apply(Message.objects.only(*LIST_COLUMNS))
+    if not form.cleaned_data.get("q"):
+        page = newest_first_page(queryset, before, PAGE_SIZE, "collected_at")
+        return page.rows, page.next_before
+    with transaction.atomic(), planner_settings(statement_timeout=SEARCH_TIMEOUT_MS):
+        queryset = narrow_search(queryset, form.cleaned_data)
+        page = newest_first_page(queryset, before, PAGE_SIZE, "collected_at")
+    return page.rows, page.next_before
+
+
 @login_required
 @viewer_required
 @require_GET
 def message_list(request):
     form = MessageFilterForm(request.GET)
-    rows, next_before = [], None
+    rows, next_before, search_error = [], None, None
     if form.is_valid():
-        queryset = form.apply(Message.objects.only(*LIST_COLUMNS))
-        page = newest_first_page(queryset, request.GET.get("before"), PAGE_SIZE, "collected_at")
-        rows, next_before = page.rows, page.next_before
+        try:
+            rows, next_before = _page(form, request.GET.get("before"))
+        except OperationalError:
+            search_error = (
+                f"The search took longer than {SEARCH_TIMEOUT_MS // 1000} s and was stopped. "
+                "Narrow it: a queue, a time range, or a longer, rarer term."
+            )
     query = query_without(request, "before")
     filter_query = query_without(request, "before", "page")
     ctx = {
@@ -56,6 +80,7 @@ def message_list(request):
         "paged": bool(request.GET.get("before")),
         "min_substring": MIN_SUBSTRING_LENGTH,
         "next": request.get_full_path(),
+        "search_error": search_error,
     }
     template = "messages/list.html"
     if request.htmx and request.htmx.target == "message-table":

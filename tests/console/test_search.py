@@ -85,3 +85,38 @@ def test_the_message_list_searches(client, viewer, corpus):
     page = client.get("/messages/", {"q": "acme"}).content.decode()
     assert ">m2<" in page and "order-7f3a" not in page
     assert Message.objects.count() == 5
+
+
+def test_a_selective_search_is_listed_from_its_matches(corpus, monkeypatch):
+    """Few matches: the page is read by primary key, never by walking the newest-first index."""
+    from recovery import filters
+
+    form = MessageFilterForm({"q": "acme corp"})
+    assert form.is_valid()
+    narrowed = filters.narrow_search(form.apply(), form.cleaned_data)
+    assert sorted(narrowed.values_list("message_id", flat=True)) == ["m2"]
+    assert '"recovery_message"."id" IN (' in str(narrowed.query)
+
+    monkeypatch.setattr(filters, "SELECTIVE_SEARCH_LIMIT", 1)
+    common = MessageFilterForm({"q": "corr-"})  # not selective: four correlation ids have it
+    assert common.is_valid()
+    queryset = common.apply()
+    assert filters.narrow_search(queryset, common.cleaned_data) is queryset
+    short = MessageFilterForm({"q": "ab"})
+    assert short.is_valid()
+    assert filters.narrow_search(short.apply(), short.cleaned_data).query is not None
+
+
+def test_a_search_that_runs_too_long_is_stopped_with_advice(client, viewer, corpus, monkeypatch):
+    from console.views import messages
+
+    monkeypatch.setattr(messages, "SEARCH_TIMEOUT_MS", 1)
+    client.force_login(viewer)
+    monkeypatch.setattr(
+        "recovery.filters.SEARCH_DOCUMENT_SQL",
+        "(SELECT message_id || pg_sleep(0.05)::text)",
+    )
+    response = client.get("/messages/", {"q": "acme"})
+    assert response.status_code == 200
+    assert "The search took longer than" in response.content.decode()
+    assert client.get("/messages/").status_code == 200  # the next request is unaffected
