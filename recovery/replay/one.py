@@ -50,6 +50,9 @@ STRIPPED_HEADERS = (
     "x-recovery-producer",
 )
 
+_STRIPPED = frozenset(STRIPPED_HEADERS)
+_PLAIN = frozenset((str, int, bool, type(None)))  # JSON values that are their AMQP value
+
 REPLAYABLE = (Status.PENDING, Status.POISONED, Status.REPLAYED)
 
 
@@ -90,15 +93,22 @@ def wire_message(message, replayed_by="", headers_override=None, body_override=N
 
 
 def wire_from_columns(pk, properties_json, headers_json, body, replay_count, replayed_by, now=None):
-    """wire_message for raw column values (bulk replay reads rows, not models)."""
+    """wire_message for raw column values (bulk replay reads rows, not models).
+
+    Called for every message of a bulk job, so it skips decoding what it drops (x-death is
+    the biggest header a dead letter has) and passes plain JSON values through as they are.
+    """
+    from_json = header_codec.from_json
     props = {
-        name: header_codec.from_json(value)
+        name: value if type(value) is not dict else from_json(value)
         for name, value in properties_json.items()
         if name != "expiration"
     }
-    headers = header_codec.headers_from_json(headers_json)
-    for name in STRIPPED_HEADERS:
-        headers.pop(name, None)
+    headers = {
+        name: value if type(value) in _PLAIN else from_json(value)
+        for name, value in headers_json.items()
+        if name not in _STRIPPED
+    }
     headers["x-recovery-replay-count"] = replay_count + 1
     headers["x-recovery-replayed-at"] = now or datetime.datetime.now(datetime.UTC).replace(
         tzinfo=None
@@ -221,6 +231,7 @@ def record_outcome(
             edited=edited,
         )
         activity_detail = {
+            "message": message.pk,  # kept when retention deletes the message
             "exchange": exchange,
             "routing_key": routing_key,
             "outcome": outcome,

@@ -219,6 +219,9 @@ class JobRunner:
             peek = self.store.peek()
             if peek is None or peek[0] not in (ReplayJob.State.QUEUED, ReplayJob.State.RUNNING):
                 return "gone"
+            if self.token is not None and peek[2] != self.token:
+                log.warning("replay job %s: the task's token is not the job's", self.job_id)
+                return "gone"
             if time.monotonic() >= deadline:
                 return "busy"
             time.sleep(min(1.0, self.lease_seconds / 4))

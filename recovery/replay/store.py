@@ -128,11 +128,9 @@ class JobStore:
         return row is not None
 
     def peek(self):
-        """(state, runner, seconds since heartbeat) or None if the job is gone."""
+        """(state, runner, token) or None if the job is gone."""
         return self.execute(
-            f"SELECT state, runner, extract(epoch FROM now() - heartbeat_at) FROM {JOB} "
-            "WHERE id = %s",
-            (self.job_id,),
+            f"SELECT state, runner, token::text FROM {JOB} WHERE id = %s", (self.job_id,)
         ).fetchone()
 
     def heartbeat(self, in_flight, dead_again, reason):
@@ -403,6 +401,7 @@ class JobStore:
             ) as copy:
                 for _item, message_id, outcome, detail, exchange, key in rows:
                     activity = {
+                        "message": message_id,  # kept when retention deletes the message
                         "exchange": exchange,
                         "routing_key": key,
                         "outcome": outcome,

@@ -8,6 +8,10 @@ through its own database connection, which must see committed rows.
 
 import datetime
 import itertools
+import os
+import signal
+import subprocess
+import sys
 import threading
 import urllib.parse
 from collections import Counter
@@ -205,3 +209,84 @@ def vhost_url(vhost):
 @pytest.fixture(scope="session")
 def management():
     return Management()
+
+
+def database_url():
+    db = connections["default"].settings_dict
+    return f"postgresql://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+
+
+class Worker:
+    """A real ``celery -A console worker`` (threads pool, no collector) on this session's vhost
+    and test database: the process replay jobs run in. ``beat=True`` runs ``celery beat``."""
+
+    def __init__(self, log_path, beat=False, **env):
+        self.log_path = log_path
+        self.beat = beat
+        self.env = {
+            **os.environ,
+            "DATABASE_URL": database_url(),
+            "RABBITMQ_URL": settings.RABBITMQ_URL,
+            "CELERY_BROKER_URL": settings.RABBITMQ_URL,
+            "RECOVERY_VHOSTS": settings.RECOVERY_VHOSTS[0],
+            "COLLECTOR_ENABLED": "false",
+            "LOG_LEVEL": "INFO",
+            **{k: str(v) for k, v in env.items()},
+        }
+        self.process = None
+
+    def start(self):
+        if self.beat:
+            command = ["beat", "-s", str(self.log_path.with_suffix(".schedule")), "-l", "info"]
+        else:
+            command = ["worker", "--no-collector", "-P", "threads", "-c", "2", "-l", "info"]
+            command += ["-n", f"{self.log_path.stem}-{os.getpid()}@%h"]
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "console", *command],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        return self
+
+    def kill(self):
+        """kill -9: no shutdown code runs at all."""
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+    def stop(self):
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def log(self):
+        return self.log_path.read_text(errors="replace")[-5000:]
+
+
+@pytest.fixture
+def workers(tmp_path, wired):
+    """Start Celery processes: ``workers(beat=False, **env)``; all are stopped at the end."""
+    started = []
+
+    def start(beat=False, **env):
+        worker = Worker(tmp_path / f"celery{len(started)}.log", beat=beat, **env).start()
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+def purge_tasks():
+    """Task messages earlier tests sent (their jobs are gone) would only slow a worker down."""
+    connection = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
+    channel = connection.channel()
+    channel.queue_declare(settings.CELERY_TASK_DEFAULT_QUEUE, durable=True)
+    channel.queue_purge(settings.CELERY_TASK_DEFAULT_QUEUE)
+    connection.close()

@@ -1,0 +1,147 @@
+"""Jobs in real Celery workers, the stall sweep, and retention."""
+
+import datetime
+
+import pytest
+from django.utils import timezone
+
+from recovery.jobs import create_job, enqueue, resume_stalled_jobs
+from recovery.models import Activity, Message, ReplayJob, ReplayJobItem, Status
+from recovery.replay import discard_message
+from recovery.retention import apply_retention
+from tests.conftest import wait_for
+from tests.replay.conftest import (
+    dead_letters,
+    declare_app_queue,
+    drain,
+    purge_tasks,
+    queue_depth,
+)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def job_state(job):
+    return ReplayJob.objects.get(pk=job.pk).state
+
+
+def wait_for_state(job, state, worker, timeout=60):
+    try:
+        wait_for(lambda: job_state(job) == state, timeout=timeout, message=f"job {state}")
+    except AssertionError as exc:
+        progress = ReplayJob.objects.get(pk=job.pk).progress
+        raise AssertionError(f"{exc}; {progress}; the worker's log:\n{worker.log()}") from None
+
+
+def test_a_job_runs_in_a_celery_worker(wired, amqp, operator, workers):
+    purge_tasks()
+    declare_app_queue(amqp, "tasks.run")
+    dead_letters("tasks.run", 200)
+    worker = workers()
+
+    job = create_job(operator, filters={"queue": "tasks.run"})  # enqueued on commit
+
+    wait_for_state(job, "done", worker)
+    job.refresh_from_db()
+    assert job.confirmed == 200
+    assert len(drain("tasks.run")) == 200
+
+
+def test_a_task_from_another_deployment_runs_nothing(wired, operator, workers):
+    """The task carries the job's token: a foreign task with a matching id is ignored."""
+    from recovery.tasks import run_replay_job
+
+    purge_tasks()
+    dead_letters("tasks.token", 3)
+    job = create_job(operator, filters={"queue": "tasks.token"})
+    purge_tasks()  # drop the real task; send one with a wrong token
+    run_replay_job.apply_async((job.pk, "00000000-0000-0000-0000-000000000000"))
+    worker = workers()
+
+    wait_for(lambda: "recovery.tasks.run_replay_job" in worker.log(), timeout=30)
+    wait_for(lambda: "gone" in worker.log(), timeout=30, message=worker.log())
+    assert job_state(job) == "queued"
+
+
+def test_the_sweep_enqueues_jobs_whose_runner_died(wired, operator):
+    purge_tasks()
+    dead_letters("tasks.sweep", 3)
+    stalled = create_job(operator, filters={"queue": "tasks.sweep"})
+    fresh = create_job(operator, filters={"queue": "tasks.sweep"})
+    long_ago = timezone.now() - datetime.timedelta(minutes=5)
+    ReplayJob.objects.filter(pk=stalled.pk).update(
+        state="running", runner="dead-host:1:x", heartbeat_at=long_ago, enqueued_at=long_ago
+    )
+    purge_tasks()
+
+    assert resume_stalled_jobs() == [stalled.pk]  # the fresh queued one was just enqueued
+
+    assert queue_depth("lazarus.tasks") == 1
+    assert resume_stalled_jobs() == []  # not again until another lease has passed
+    assert fresh.pk not in resume_stalled_jobs()
+
+
+def test_cancelling_a_job_whose_runner_died_frees_its_messages(wired, operator):
+    [message] = dead_letters("tasks.orphan", 1)
+    job = create_job(operator, filters={"queue": "tasks.orphan"})
+    ReplayJob.objects.filter(pk=job.pk).update(
+        state="running",
+        runner="dead-host:1:x",
+        heartbeat_at=timezone.now() - datetime.timedelta(minutes=5),
+    )
+    ReplayJobItem.objects.create(job=job, message=message, state="claimed", claimed_by="x")
+
+    job.cancel(operator)
+
+    assert not ReplayJobItem.objects.filter(state="claimed").exists()
+    discard_message(message, operator)  # no longer held
+
+
+def test_a_broker_failure_at_enqueue_leaves_the_job_queued(wired, operator, settings):
+    from console.celery import app
+
+    dead_letters("tasks.nobroker", 1)
+    job = create_job(operator, filters={"queue": "tasks.nobroker"})
+    app.conf.broker_url = "amqp://guest:guest@127.0.0.1:1//"
+    app.close()
+
+    assert enqueue(job) is False
+
+    assert job_state(job) == "queued"  # the sweep sends it when the broker is back
+
+
+# ---- retention -----------------------------------------------------------------------------
+
+
+def test_retention_removes_old_replayed_and_discarded_messages_only(wired, operator, settings):
+    settings.RETENTION_DAYS = 30
+    old = timezone.now() - datetime.timedelta(days=31)
+    replayed, discarded, pending, poisoned, recent = dead_letters("tasks.retention", 5)
+    discard_message(discarded, operator)
+    Message.objects.filter(pk=replayed.pk).update(status=Status.REPLAYED)
+    Message.objects.filter(pk=poisoned.pk).update(status=Status.POISONED)
+    Message.objects.filter(pk=recent.pk).update(status=Status.REPLAYED)
+    Message.objects.filter(pk__in=[replayed.pk, discarded.pk, pending.pk, poisoned.pk]).update(
+        updated_at=old
+    )
+
+    result = apply_retention()
+
+    assert result["messages"] == 2
+    left = set(Message.objects.values_list("pk", flat=True))
+    assert left == {pending.pk, poisoned.pk, recent.pk}
+    discard = Activity.objects.get(action="discard")
+    assert discard.message is None and discard.detail["message"] == discarded.pk
+    assert Activity.objects.get(action="retention").detail["messages"] == 2
+    assert apply_retention()["messages"] == 0
+
+
+def test_retention_leaves_a_message_a_job_holds(wired, operator):
+    [message] = dead_letters("tasks.held", 1)
+    job = create_job(operator, filters={"queue": "tasks.held"})
+    ReplayJobItem.objects.create(job=job, message=message, state="claimed", claimed_by="x")
+    Message.objects.filter(pk=message.pk).update(
+        status=Status.REPLAYED, updated_at=timezone.now() - datetime.timedelta(days=400)
+    )
+
+    assert apply_retention()["messages"] == 0
