@@ -211,9 +211,23 @@ class Taps(threading.Thread):
     def _on_unrouted(self, _channel, _method, properties, _body):
         self.observer.unroutable(properties.message_id)
 
-    def stop(self):
+    def stop(self, timeout=10.0):
+        """Stop once both tap queues are empty and the copies already pushed were recorded."""
+        deadline = time.monotonic() + timeout
+        connection = pika.BlockingConnection(self.parameters)
+        try:
+            channel = connection.channel()
+            while time.monotonic() < deadline and any(
+                channel.queue_declare(q, passive=True).method.message_count
+                for q in (self.dead_letter_tap, self.unrouted_tap)
+            ):
+                time.sleep(TAP_POLL_S)
+        finally:
+            connection.close()
+        # Pushed but undispatched deliveries are handled by the next process_data_events call.
+        time.sleep(2 * TAP_POLL_S)
         self._stop_event.set()
-        self.join(10)
+        self.join(timeout)
 
     def delete(self):
         connection = pika.BlockingConnection(self.parameters)

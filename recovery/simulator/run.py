@@ -61,6 +61,7 @@ class SimulationConfig:
     bindings_path: str | None = None
     settle_timeout: float = 60.0
     outbox_dsn: str | None = None
+    confirm_timeout: float = 5.0  # a publish attempt unconfirmed this long is resent
     run_id: str | None = None
 
     def __post_init__(self):
@@ -74,8 +75,8 @@ class SimulationConfig:
             raise ValueError("--drops and --delivery-limit must not be negative")
         if self.ttl_ms < 1 or self.max_length < 1:
             raise ValueError("--ttl-ms and --max-length must be at least 1")
-        if self.settle_timeout <= 0:
-            raise ValueError("--settle-timeout must be positive")
+        if self.settle_timeout <= 0 or self.confirm_timeout <= 0:
+            raise ValueError("--settle-timeout and --confirm-timeout must be positive")
         self.seed = self.seed if self.seed is not None else uuid.uuid4().hex[:12]
         self.run_id = self.run_id or uuid.uuid4().hex[:8]
         self.vhost = self.vhost or settings.RECOVERY_VHOSTS[0]
@@ -174,6 +175,7 @@ class Simulation:
                     log_dir=cfg.producer_log_dir,
                     returns_queue=self.names.returns,
                     outbox_dsn=cfg.outbox_dsn,
+                    confirm_timeout=cfg.confirm_timeout,
                 ),
                 self.observer,
             )
@@ -262,6 +264,7 @@ class Simulation:
                 "ttl_ms": cfg.ttl_ms,
                 "max_length": cfg.max_length,
                 "delivery_limit": cfg.delivery_limit,
+                "confirm_timeout": cfg.confirm_timeout,
             },
             "logs": {"producer": cfg.producer_log_dir, "consumer": cfg.consumer_log_dir},
             "bindings": self.bindings,

@@ -77,6 +77,12 @@ class Command(BaseCommand):
             help="seconds a round waits for every message to be accounted for (60)",
         )
         run.add_argument(
+            "--confirm-timeout",
+            type=float,
+            default=5.0,
+            help="seconds before a publisher resends an unconfirmed message (5)",
+        )
+        run.add_argument(
             "--outbox",
             action="store_true",
             help="publishers hand give-ups to the recovery_outbox table of Lazarus's database "
@@ -200,6 +206,7 @@ class Command(BaseCommand):
                 bindings_path=options["bindings_out"] or str(Path(truth).parent / "bindings.json"),
                 settle_timeout=options["settle_timeout"],
                 outbox_dsn=database_conninfo() if options["outbox"] else None,
+                confirm_timeout=options["confirm_timeout"],
                 run_id=options["run_id"],
             )
         except ValueError as exc:
