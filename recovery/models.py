@@ -4,6 +4,7 @@ One ``Message`` row per collected message, exactly once (``fingerprint`` is uniq
 of what operators did with it. Business rules live here as model methods; views and API call them.
 """
 
+import datetime
 import hashlib
 import secrets
 import uuid
@@ -602,6 +603,7 @@ class MessageCount(models.Model):
     INSERT/UPDATE/DELETE appends its net change as delta rows, so writers never contend for a
     counter row. Readers sum the rows; ``compact()`` folds the deltas together now and then.
     The overview and failure-group pages read this instead of aggregating a million messages.
+    ``hour`` is the UTC hour of collection; once compact() folded it, the UTC day (midnight).
     """
 
     hour = models.DateTimeField()
@@ -614,6 +616,8 @@ class MessageCount(models.Model):
     group_key = models.CharField(max_length=64)
     n = models.BigIntegerField()
 
+    # Rows stay hourly this long (the 24-hour chart); older ones are folded into days.
+    HOURLY_FOR = datetime.timedelta(hours=48)
     KEY = (
         "hour",
         "vhost",
@@ -635,9 +639,12 @@ class MessageCount(models.Model):
     def compact(cls):
         """Fold delta rows with the same key into one row; returns the rows removed.
 
-        Only keys with more than one row (or a zero sum) are rewritten. Rows another transaction
-        commits meanwhile are not in this statement's snapshot and stay as they are, so the sums
-        stay right. One compactor at a time (advisory lock); others return at once.
+        Hours older than HOURLY_FOR (whole UTC days) are folded into their day first: ``hour``
+        is then the day's midnight, which is all the 7-day chart needs, and a month of history
+        costs a day's worth of rows per day instead of 24. Only keys with more than one row (or
+        a zero sum) are rewritten. Rows another transaction commits meanwhile are not in this
+        statement's snapshot and stay as they are, so the sums stay right. One compactor at a
+        time (advisory lock); others return at once.
         """
         from django.db import connection, transaction
 
@@ -647,6 +654,25 @@ class MessageCount(models.Model):
             cur.execute("SELECT pg_try_advisory_xact_lock(hashtext('recovery_messagecount'))")
             if not cur.fetchone()[0]:
                 return 0
+            rest = ", ".join(cls.KEY[1:])
+            cur.execute(
+                f"""
+                WITH old AS (
+                    DELETE FROM {table}
+                    WHERE hour < date_trunc('day', now() - %s * interval '1 hour', 'UTC')
+                      AND hour <> date_trunc('day', hour, 'UTC')
+                    RETURNING {key}, n
+                ), days AS (
+                    INSERT INTO {table} ({key}, n)
+                    SELECT date_trunc('day', hour, 'UTC'), {rest}, sum(n) FROM old
+                    GROUP BY date_trunc('day', hour, 'UTC'), {rest} HAVING sum(n) <> 0
+                    RETURNING 1
+                )
+                SELECT (SELECT count(*) FROM old) - (SELECT count(*) FROM days)
+                """,
+                [cls.HOURLY_FOR.total_seconds() / 3600],
+            )
+            removed = cur.fetchone()[0]
             cur.execute(
                 f"""
                 WITH busy AS (
@@ -663,7 +689,7 @@ class MessageCount(models.Model):
                 SELECT (SELECT count(*) FROM gone) - (SELECT count(*) FROM folded)
                 """
             )
-            return cur.fetchone()[0]
+            return removed + cur.fetchone()[0]
 
     @classmethod
     def rebuild(cls):

@@ -123,3 +123,22 @@ def test_celery_beat_compacts_the_counts_every_minute():
     Message.objects.update(status="replayed")
     assert compact_message_counts() > 0
     assert rollup() == recount()
+
+
+def test_compact_folds_hours_older_than_two_days_into_days():
+    from console.views.overview import trend
+
+    now = timezone.now()
+    old_day = (now - datetime.timedelta(days=4)).replace(hour=0, minute=0, second=0, microsecond=0)
+    for hours in (3, 9, 15):
+        make_message(collected_at=old_day + datetime.timedelta(hours=hours, minutes=5))
+    make_message(collected_at=now - datetime.timedelta(hours=1))
+    week_before, day_before = trend(now, 7, 24), trend(now, 24, 1)
+
+    MessageCount.compact()
+
+    hours = dict(MessageCount.objects.values_list("hour").annotate(total=Sum("n")).order_by("hour"))
+    assert hours[old_day] == 3  # one row for the old day, at its midnight
+    assert len(hours) == 2  # and the recent hour stays an hour
+    assert rollup() == recount()
+    assert trend(now, 7, 24) == week_before and trend(now, 24, 1) == day_before
