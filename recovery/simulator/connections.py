@@ -5,6 +5,8 @@ set through the AMQP URL, so forced drops and crashes close exactly the simulato
 in its vhost, through the management API — never a collector's or another application's.
 """
 
+import queue
+import threading
 import time
 import urllib.parse
 
@@ -93,3 +95,33 @@ class Connections:
                 return self._close(server)
             time.sleep(LISTING_POLL_S)
         return False
+
+
+class Dropper(threading.Thread):
+    """Runs the forced drops off the publishing thread, so traffic keeps flowing into them (and
+    a drop that waits for new connections to be listed does not pause the producers)."""
+
+    def __init__(self, connections, observer):
+        super().__init__(name="simulate-dropper", daemon=True)
+        self.connections = connections
+        self.observer = observer
+        self._requests = queue.Queue()
+        self._error = None
+
+    def request(self):
+        self._requests.put(True)
+
+    def run(self):
+        while self._requests.get() is not None:
+            if self._error is None:
+                try:
+                    self.observer.dropped(self.connections.drop())
+                except Exception as exc:  # reported by finish() in the simulator's thread
+                    self._error = exc
+
+    def finish(self):
+        """Wait until every requested drop has happened; re-raise a drop's failure."""
+        self._requests.put(None)
+        self.join()
+        if self._error is not None:
+            raise self._error

@@ -21,7 +21,7 @@ from django.conf import settings
 
 from recovery.broker import Management
 from recovery.client import ReliablePublisher
-from recovery.simulator.connections import Connections, named_url
+from recovery.simulator.connections import Connections, Dropper, named_url
 from recovery.simulator.consumers import start_group_workers, stop_group_workers
 from recovery.simulator.demo import DemoTopology, expected_groups
 from recovery.simulator.observe import Observer, Taps, observe_publisher
@@ -182,11 +182,13 @@ class Simulation:
             for i in range(cfg.producers)
         ]
         drops = set(drops_before)
+        dropper = Dropper(self.connections, self.observer)
+        dropper.start()
         try:
             started = time.monotonic()
             for message in plan:
                 if message.index in drops:
-                    self.observer.dropped(self.connections.drop())
+                    dropper.request()
                 if cfg.rate and message.fault != "overflow":
                     delay = started + message.index / cfg.rate - time.monotonic()
                     if delay > 0:
@@ -199,6 +201,7 @@ class Simulation:
                     message_id=message.message_id,
                 )
         finally:
+            dropper.finish()  # before the publishers close: a drop is meant to hit them
             for publisher in publishers:
                 publisher.close(timeout=cfg.settle_timeout)
 
