@@ -3,6 +3,7 @@
 import collections
 import datetime
 import json
+import time
 
 import pika
 import pytest
@@ -188,11 +189,24 @@ def test_forced_drops_close_only_the_simulators_connections(broker, tmp_path):
 
 def test_it_loops_and_accumulates_rounds(broker, tmp_path):
     truth, printed, _ = simulate(
-        tmp_path, "--count", "10", "--every", "0.1", "--duration", "3", "--drops", "0"
+        tmp_path, "--count", "10", "--every", "0.1", "--rounds", "2", "--drops", "0"
     )
-    assert len(truth["rounds"]) >= 2
-    assert truth["totals"]["distinct_published"] == 10 * len(truth["rounds"])
+    assert [r["round"] for r in truth["rounds"]] == [1, 2]
+    assert truth["totals"]["distinct_published"] == 20 == len(truth["messages"])
+    assert truth["totals"] == {
+        name: sum(r["totals"][name] for r in truth["rounds"]) for name in truth["totals"]
+    }
     assert "round 2:" in printed
+
+
+def test_a_duration_ends_the_loop(broker, tmp_path):
+    # A round takes longer than the duration (the TTL queues alone need --ttl-ms to drain).
+    started = time.monotonic()
+    truth, _, _ = simulate(
+        tmp_path, "--count", "5", "--every", "0.1", "--duration", "0.5", "--drops", "0"
+    )
+    assert len(truth["rounds"]) == 1
+    assert time.monotonic() - started < 30
 
 
 @pytest.mark.parametrize(

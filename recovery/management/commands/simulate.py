@@ -65,6 +65,12 @@ class Command(BaseCommand):
             default=0,
             help="keep starting rounds (back to back, or --every) for N seconds",
         )
+        run.add_argument(
+            "--rounds",
+            type=int,
+            default=0,
+            help="stop after N rounds (0 = one round, or unbounded with --every/--duration)",
+        )
         run.add_argument("--vhost", help="vhost to run in (default: the first RECOVERY_VHOSTS)")
         run.add_argument("--producers", type=int, default=2, help="ReliablePublishers (2)")
         run.add_argument("--consumers", type=int, default=2, help="consumers per group (2)")
@@ -159,7 +165,9 @@ class Command(BaseCommand):
                 truth = simulation.run_round(round_no)
                 simulation.write()
                 self.stdout.write(f"round {round_no}: " + _line(truth["totals"]))
-                if not options["every"] and not options["duration"]:
+                if options["rounds"] and round_no >= options["rounds"]:
+                    break
+                if not (options["every"] or options["duration"] or options["rounds"]):
                     break
                 pause = max(0.0, options["every"] - (time.monotonic() - round_started))
                 if (
