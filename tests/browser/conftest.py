@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -28,6 +26,7 @@ CHROMIUM_ARGS = [
 def chromium():
     from playwright.sync_api import sync_playwright
 
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: `make setup` installs the Debian chromium package")
     with sync_playwright() as playwright:
@@ -36,6 +35,7 @@ def chromium():
         )
         yield browser
         browser.close()
+    os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
 
 
 @pytest.fixture(autouse=True)
