@@ -334,8 +334,8 @@ def main():
             print(f"collector RSS while draining {n} 1 KiB dead letters")
             print(f"  fill {fill(vhost, n):9.0f} msg/s")
             rate, samples, _cpu = drain(vhost, n, args, sample_rss=True)
-            rss = [mb for _count, mb in samples]
-            print(f"  drained at {rate:.0f} msg/s; RSS samples: {len(rss)}")
+            rss = [mb for count, mb in samples if count]  # from the first stored row on
+            print(f"  drained at {rate:.0f} msg/s; RSS samples while draining: {len(rss)}")
             print(
                 f"  RSS first {rss[0]:.1f} MB, median {sorted(rss)[len(rss) // 2]:.1f} MB, "
                 f"last {rss[-1]:.1f} MB, peak {max(rss):.1f} MB (target: flat, < 250 MB)"

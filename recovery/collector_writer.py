@@ -1,11 +1,11 @@
 """The database side of a collector: store batches, quarantine what cannot be stored, heartbeat.
 
-A ``BatchWriter`` thread sits beside each ``SourceCollector`` (the AMQP side) so that parsing the
-next batch overlaps with committing this one. For every batch it (1) publishes the deliveries the
-consumer could not turn into rows to the quarantine queue, with publisher confirms, (2) stores the
-rows in one transaction, and only then (3) asks the AMQP thread to ack the batch with one
-multiple-ack. A failure before (3) leaves the deliveries unacked: the broker redelivers them and the
-unique fingerprint makes that harmless.
+A ``WriterPool`` of ``BatchWriter`` threads sits beside each ``SourceCollector`` connection (the
+AMQP side) so that parsing the next batch overlaps with committing the previous ones. For every
+batch a writer (1) publishes the deliveries the consumer could not turn into rows to the
+quarantine queue, with publisher confirms, (2) stores the rows in one transaction, and only then
+(3) asks the AMQP thread to ack the batch. A failure before (3) leaves the deliveries unacked: the
+broker redelivers them and the unique fingerprint makes that harmless.
 """
 
 import contextlib
@@ -233,10 +233,14 @@ class BatchWriter(threading.Thread):
             self._close_pg()
 
     def write(self, batch):
-        for properties, body, reason in batch.quarantine:
-            self.quarantine.publish(properties, body, reason, self.collector.queue)
-        self.refused = 0
-        new = self.store(batch.rows)
+        try:
+            for properties, body, reason in batch.quarantine:
+                self.quarantine.publish(properties, body, reason, self.collector.queue)
+            self.refused = 0
+            new = self.store(batch.rows)
+        finally:
+            # Rarely used: no idle connection whose heartbeats nobody would answer.
+            self.quarantine.close()
         self.collector.counters.add(
             collected=new,
             duplicates=len(batch.rows) - new - self.refused,
