@@ -616,8 +616,9 @@ class MessageCount(models.Model):
     group_key = models.CharField(max_length=64)
     n = models.BigIntegerField()
 
-    # Rows stay hourly this long (the 24-hour chart); older ones are folded into days.
-    HOURLY_FOR = datetime.timedelta(hours=48)
+    # Rows stay hourly from the UTC midnight before (now - HOURLY_FOR) on, which covers the
+    # 24-hour chart; older ones are folded into days.
+    HOURLY_FOR = datetime.timedelta(hours=24)
     KEY = (
         "hour",
         "vhost",
