@@ -3,7 +3,8 @@
 "Older" counts from the message's last change (``updated_at``: when it was replayed or
 discarded), so a message replayed today is kept RETENTION_DAYS from today whatever its age.
 Pending and poisoned messages are never deleted: nobody has dealt with them yet. A message a job
-holds right now is left for the next run. The activity log keeps its rows (their message link
+holds right now is left for the next run. The per-message rows of jobs that ended before the
+cutoff go too (the jobs keep their counts). The activity log keeps its rows (their message link
 becomes empty; the message id stays in their detail).
 """
 
@@ -23,7 +24,7 @@ BATCH = 2000
 
 
 def apply_retention(days=None, now=None, batch=BATCH):
-    """Delete what retention allows; returns {"messages": n, "cutoff": iso time}."""
+    """Delete what retention allows; returns {"messages": n, "job_items": n, "cutoff": time}."""
     days = settings.RETENTION_DAYS if days is None else days
     cutoff = (now or timezone.now()) - timedelta(days=days)
     expired = (
@@ -42,11 +43,16 @@ def apply_retention(days=None, now=None, batch=BATCH):
             # Re-checked inside the delete: a message restored or replayed meanwhile stays.
             _total, per_model = expired.filter(pk__in=ids).delete()
         deleted += per_model.get(Message._meta.label, 0)
-    if deleted:
+    # The per-message rows of jobs that ended before the cutoff (the job keeps its counts).
+    items = 0
+    old_items = ReplayJobItem.objects.filter(job__finished_at__lt=cutoff).order_by()
+    while ids := list(old_items.values_list("pk", flat=True)[:batch]):
+        items += ReplayJobItem.objects.filter(pk__in=ids).delete()[0]
+    if deleted or items:
         log.info("retention: deleted %s messages changed before %s", deleted, cutoff)
         Activity.objects.create(
             action="retention",
             via="system",
-            detail={"messages": deleted, "cutoff": cutoff.isoformat(), "days": days},
+            detail={"messages": deleted, "job_items": items, "cutoff": cutoff.isoformat()},
         )
-    return {"messages": deleted, "cutoff": cutoff.isoformat()}
+    return {"messages": deleted, "job_items": items, "cutoff": cutoff.isoformat()}

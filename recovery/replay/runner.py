@@ -24,6 +24,7 @@ import time
 import uuid
 from collections import deque
 
+import pika.exceptions
 import psycopg
 from django.conf import settings
 from django.utils import timezone
@@ -172,6 +173,7 @@ class JobRunner:
         self.dead = 0
         self.confirmed_before = 0
         self.last_breaker_check = 0.0
+        self.stalled_until, self.stalled_reason = 0.0, ""
         self.disconnected_since = None
 
     # ---- entry point ----------------------------------------------------------------------
@@ -279,13 +281,25 @@ class JobRunner:
                     return self._stop(verdict, buffer)
                 next_control = now + CONTROL_S
             unrecorded = len(pending) + len(results) + self.recorder.backlog
-            if not exhausted and not buffer and canary_until is None and unrecorded < self.window:
+            if (
+                not exhausted
+                and not buffer
+                and canary_until is None
+                and unrecorded < self.window
+                and now >= self.stalled_until
+            ):
                 limit = min(self.claim_batch, self.window - unrecorded)
                 claimed, _skipped, any_left = store.claim(
                     limit, job.allowed_statuses, canary_only=self.canary
                 )
                 exhausted = not any_left
-                self._stage(claimed, buffer)
+                try:
+                    self._stage(claimed, buffer)
+                except (pika.exceptions.AMQPError, OSError) as exc:
+                    # No delay route without the broker: give the batch back, try again soon.
+                    store.release([c.item_id for c in claimed])
+                    exhausted, self.stalled_until = False, now + 1.0
+                    self.stalled_reason = f"cannot declare the delay queue ({exc!r})"
             if rate:
                 tokens = min(burst, tokens + (now - last_refill) * rate)
                 last_refill = now
@@ -325,7 +339,9 @@ class JobRunner:
             if buffer and rate:
                 timeout = max(0.001, (1.0 - tokens) / rate)
             elif buffer or (
-                not exhausted and len(pending) + len(results) + self.recorder.backlog < self.window
+                not exhausted
+                and len(pending) + len(results) + self.recorder.backlog < self.window
+                and now >= self.stalled_until
             ):
                 continue  # more to claim or submit right away
             else:
@@ -333,17 +349,22 @@ class JobRunner:
             self.wakeup.wait(min(timeout, 0.05))
 
     def _stage(self, claimed, buffer):
-        """Claimed rows -> wire entries in the buffer."""
+        """Claimed rows -> wire entries in the buffer. Raises AMQPError/OSError (nothing
+        staged) if a delay route cannot be declared."""
         target, pending = self.target, self.pending
         now = timezone.now().replace(tzinfo=None)
-        for c in claimed:
-            final_exchange, final_key = target.final(
-                c.kind, c.source_queue, c.source_exchange, c.routing_keys
-            )
+        finals = [
+            target.final(c.kind, c.source_queue, c.source_exchange, c.routing_keys) for c in claimed
+        ]
+        if target.delay_seconds:
+            needed = {(c.vhost, f[0]) for c, f in zip(claimed, finals, strict=True)}
+            for vhost, final_exchange in needed - self.declared_delays:
+                ensure_delay_routes(
+                    vhost, target.delay_seconds, [final_exchange], url=self.broker_url
+                )
+                self.declared_delays.add((vhost, final_exchange))
+        for c, (final_exchange, final_key) in zip(claimed, finals, strict=True):
             exchange, key = target.route(final_exchange, final_key)
-            if target.delay_seconds and (c.vhost, final_exchange) not in self.declared_delays:
-                ensure_delay_routes(c.vhost, target.delay_seconds, [final_exchange])
-                self.declared_delays.add((c.vhost, final_exchange))
             properties, body = wire_from_columns(
                 c.message_id, c.properties, c.headers, c.body, c.replay_count, self.replayed_by, now
             )
@@ -403,6 +424,8 @@ class JobRunner:
         return sum(p.outstanding for p in self.publishers.values())
 
     def _broker_reason(self, now):
+        if now < self.stalled_until + BROKER_QUIET_S:
+            return f"waiting for RabbitMQ: {self.stalled_reason}"
         down = [p for p in self.publishers.values() if not p.connected]
         if not down:
             self.disconnected_since = None

@@ -16,10 +16,11 @@ final target leaves messages visible in the delay queue rather than dropping the
 
 from dataclasses import dataclass
 
+import pika
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
-from recovery.broker import connect
+from recovery.broker import amqp_parameters, connect
 from recovery.models import default_target_of
 
 
@@ -85,9 +86,11 @@ def declare_delay_route(channel, seconds, final_exchange=""):
     return name
 
 
-def ensure_delay_routes(vhost, seconds, final_exchanges):
+def ensure_delay_routes(vhost, seconds, final_exchanges, url=None):
     """Declare the delay routes a job or a one-click replay needs, on its own connection."""
-    connection = connect(vhost)
+    connection = (
+        connect(vhost) if url is None else pika.BlockingConnection(amqp_parameters(vhost, url))
+    )
     try:
         channel = connection.channel()
         return [declare_delay_route(channel, seconds, exchange) for exchange in final_exchanges]

@@ -31,17 +31,24 @@ DLX_ARGS = {"x-dead-letter-exchange": "recovery.dlx"}
 _ids = itertools.count(1)
 
 
+def point_celery_at(url):
+    """Send this process's Celery tasks to ``url`` (dropping pools made for another URL)."""
+    from console.celery import app
+
+    app.conf.broker_url = url
+    app._pool = None  # not closed: kombu's shared producer pools may still hold it
+    app.amqp._producer_pool = None
+
+
 @pytest.fixture(autouse=True)
 def celery_on_test_vhost(test_vhost):
     """create_job/resume enqueue a Celery task: send it to this session's vhost."""
     from console.celery import app
 
     original = app.conf.broker_url
-    app.conf.broker_url = settings.RABBITMQ_URL
-    app.close()  # drop a connection pool made for the old URL
+    point_celery_at(settings.RABBITMQ_URL)
     yield
-    app.close()
-    app.conf.broker_url = original
+    point_celery_at(original)
 
 
 def dead_letter_row(queue, body=b"payload", message_id=None, headers=None, vhost=None, **props):

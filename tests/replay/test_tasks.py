@@ -14,8 +14,10 @@ from tests.replay.conftest import (
     dead_letters,
     declare_app_queue,
     drain,
+    point_celery_at,
     purge_tasks,
     queue_depth,
+    run,
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -98,12 +100,9 @@ def test_cancelling_a_job_whose_runner_died_frees_its_messages(wired, operator):
 
 
 def test_a_broker_failure_at_enqueue_leaves_the_job_queued(wired, operator, settings):
-    from console.celery import app
-
     dead_letters("tasks.nobroker", 1)
     job = create_job(operator, filters={"queue": "tasks.nobroker"})
-    app.conf.broker_url = "amqp://guest:guest@127.0.0.1:1//"
-    app.close()
+    point_celery_at("amqp://guest:guest@127.0.0.1:1//")  # nothing listens there
 
     assert enqueue(job) is False
 
@@ -134,6 +133,41 @@ def test_retention_removes_old_replayed_and_discarded_messages_only(wired, opera
     assert discard.message is None and discard.detail["message"] == discarded.pk
     assert Activity.objects.get(action="retention").detail["messages"] == 2
     assert apply_retention()["messages"] == 0
+
+
+def test_retention_drops_the_items_of_long_finished_jobs(wired, amqp, operator):
+    declare_app_queue(amqp, "tasks.items")
+    dead_letters("tasks.items", 3)
+    job = create_job(operator, filters={"queue": "tasks.items"})
+    assert run(job) == "done"
+    ReplayJob.objects.filter(pk=job.pk).update(
+        finished_at=timezone.now() - datetime.timedelta(days=400)
+    )
+
+    result = apply_retention()
+
+    assert result["job_items"] == 3  # the messages were replayed today: they stay
+    job.refresh_from_db()
+    assert job.confirmed == 3 and not job.items.exists()
+
+
+def test_a_worker_shutting_down_hands_its_job_to_another(wired, amqp, operator, workers):
+    purge_tasks()
+    declare_app_queue(amqp, "tasks.handover")
+    dead_letters("tasks.handover", 600)
+    first = workers()
+    job = create_job(operator, filters={"queue": "tasks.handover"}, rate=60)
+    wait_for(lambda: ReplayJob.objects.get(pk=job.pk).confirmed >= 60, timeout=60)
+
+    first.stop()  # SIGTERM: a warm shutdown
+
+    job.refresh_from_db()
+    assert job.state == "queued" and "worker shut down" in job.state_reason
+    assert not ReplayJobItem.objects.filter(job=job, state="claimed").exists()
+    second = workers()
+    wait_for_state(job, "done", second, timeout=60)
+    ids = [props.message_id for props, _body in drain("tasks.handover")]
+    assert len(ids) == len(set(ids)) == 600  # handed over cleanly: not one duplicate
 
 
 def test_retention_leaves_a_message_a_job_holds(wired, operator):
