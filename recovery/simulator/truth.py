@@ -114,6 +114,13 @@ def message_truth(planned, seen, bindings, queue_group):
     entry["expected_groups"] = expected
     dead = seen["dead_letters"].get(mid, [])
     entry["dead_letters"] = [{"queue": q, "reason": r} for q, r in dead]
+    reasons = {r for _, r in dead}
+    entry.update(
+        rejected="rejected" in reasons,
+        expired="expired" in reasons,
+        overflowed="maxlen" in reasons,
+        delivery_limit="delivery_limit" in reasons,
+    )
     totals["dead_letter_copies"] += len(dead)
     first_death = {}
     for queue, reason in dead:

@@ -113,6 +113,9 @@ def test_truth_counts_pairs_and_duplicates_as_the_audit_defines_them():
     assert totals["delivered_unique"] == 2
     assert totals["lost"] == 1
     assert truth["messages"][ok.message_id]["lost"] == ["demo.shipping"]
+    assert truth["messages"][reject.message_id]["rejected"] is True
+    assert truth["messages"][ttl.message_id]["expired"] is True
+    assert truth["messages"][ttl.message_id]["overflowed"] is False
     assert truth["messages"][crash.message_id]["duplicated_by_crash"] == [crash.target_group]
     assert totals["connections_closed"] == 3
     assert totals["consumer_crashes"] == 1
