@@ -1,7 +1,7 @@
 """The OpenAPI schema is the contract: schemathesis drives every operation from it in-process
 (WSGI, the test database, the session's RabbitMQ vhost) and checks each response against it.
 
-Examples per operation: ``API_FUZZ_EXAMPLES`` (default 25, about a minute for the file).
+Examples per operation: ``API_FUZZ_EXAMPLES`` (default 15: one to two minutes for the file).
 """
 
 import os
@@ -21,7 +21,7 @@ from recovery.models import ApiToken, Role
 from tests.api.conftest import make_audit, make_message
 from tests.conftest import make_user
 
-EXAMPLES = int(os.environ.get("API_FUZZ_EXAMPLES", "25"))
+EXAMPLES = int(os.environ.get("API_FUZZ_EXAMPLES", "15"))
 # Reproducible by default; API_FUZZ_RANDOM=1 explores new inputs on each run.
 DERANDOMIZE = os.environ.get("API_FUZZ_RANDOM", "") != "1"
 
