@@ -228,6 +228,7 @@ SPECTACULAR_SETTINGS = {
         "MessageStatusEnum": "recovery.models.Status",
         "AuditRunStatusEnum": "recovery.api.audits.AuditRunState",
         "FinalityEnum": "recovery.api.audits.FINALITY",
+        "ReplayJobStateEnum": "recovery.api.replay_jobs.ReplayJobState",
     },
 }
 
