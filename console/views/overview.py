@@ -11,6 +11,7 @@ from collections import defaultdict
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
+from django.db import connection
 from django.db.models import Sum
 from django.shortcuts import render
 from django.utils import timezone
@@ -31,15 +32,42 @@ def _hour(moment):
     return moment.replace(minute=0, second=0, microsecond=0)
 
 
-def store_counts():
-    """Totals by kind, source, reason and status from one pass over the rollup."""
-    rows = (
-        MessageCount.objects.values(
-            "vhost", "kind", "source_queue", "source_exchange", "reason", "status"
+TOTALS_KEY = ("vhost", "kind", "source_queue", "source_exchange", "reason", "status")
+
+
+def rollup_sums():
+    """One pass over MessageCount: (totals per source key, totals per hour and kind)."""
+    key = ", ".join(TOTALS_KEY)
+    table = MessageCount._meta.db_table
+    with connection.cursor() as cur:
+        cur.execute(
+            f"""
+            SELECT GROUPING(hour), hour, {key}, sum(n)::bigint FROM {table}
+            GROUP BY GROUPING SETS (({key}), (hour, kind))
+            HAVING sum(n) <> 0
+            """
         )
+        rows = cur.fetchall()
+    totals, hourly = [], []
+    for by_source, hour, *values, total in rows:
+        if by_source:
+            if total > 0:
+                totals.append({**dict(zip(TOTALS_KEY, values, strict=True)), "total": total})
+        else:
+            hourly.append({"hour": hour, "kind": values[1], "total": total})
+    return totals, hourly
+
+
+def hourly_sums(start, end):
+    return (
+        MessageCount.objects.filter(hour__gte=start, hour__lt=end)
+        .values("hour", "kind")
         .annotate(total=Sum("n"))
-        .filter(total__gt=0)
     )
+
+
+def store_counts(rows):
+    """Totals by kind, source, reason and status (rows: rollup_sums()[0])."""
     by_kind, by_reason, by_status = defaultdict(int), defaultdict(int), defaultdict(int)
     open_by_kind, open_by_reason = defaultdict(int), defaultdict(int)
     by_source = defaultdict(lambda: {"total": 0, "open": 0})
@@ -78,21 +106,19 @@ def store_counts():
     }
 
 
-def trend(now, buckets, bucket_hours):
+def trend(now, buckets, bucket_hours, hourly=None):
     """Messages collected per bucket and kind, the last bucket being the current hour or (UTC)
-    day: chart.js-ready data."""
+    day: chart.js-ready data. ``hourly``: rollup_sums()[1], or None to ask the database."""
     current = _hour(now)
     if bucket_hours == 24:
         current = current.replace(hour=0)
     end = current + datetime.timedelta(hours=bucket_hours)
     start = end - datetime.timedelta(hours=buckets * bucket_hours)
-    rows = (
-        MessageCount.objects.filter(hour__gte=start, hour__lt=end)
-        .values("hour", "kind")
-        .annotate(total=Sum("n"))
-    )
+    rows = hourly_sums(start, end) if hourly is None else hourly
     series = defaultdict(lambda: [0] * buckets)
     for row in rows:
+        if not start <= row["hour"] < end:
+            continue
         index = int((row["hour"] - start).total_seconds() // 3600) // bucket_hours
         series[row["kind"]][index] += row["total"]
     fmt = "%H:%M" if bucket_hours < 24 else "%a %d"
@@ -114,10 +140,11 @@ def trend(now, buckets, bucket_hours):
 @require_GET
 def overview(request):
     now = timezone.now()
+    totals, hourly = rollup_sums()
     ctx = {
-        **store_counts(),
-        "trend_24h": trend(now, 24, 1),
-        "trend_7d": trend(now, 7, 24),
+        **store_counts(totals),
+        "trend_24h": trend(now, 24, 1, hourly),
+        "trend_7d": trend(now, 7, 24, hourly),
         "activity": Activity.objects.select_related("user").order_by("-created_at", "-id")[:12],
         "now": now,
     }
