@@ -104,11 +104,32 @@ def search_q(text):
     q = Q(message_id=text) | Q(correlation_id=text) | Q(group_key=text)
     if len(text) >= MIN_SUBSTRING_LENGTH:
         # Headers hold non-ASCII text as such, bodies as octal escapes: try both spellings.
-        for pattern in sorted({like_contains(text), like_contains(bytea_escape(text))}):
-            q |= Q(
-                RawSQL(f"{SEARCH_DOCUMENT_SQL} ILIKE %s", [pattern], output_field=BooleanField())
-            )
+        for spelling in sorted({text, bytea_escape(text)}):
+            q |= Q(_contains(spelling))
     return q
+
+
+# The trigram index is asked for at most this many characters of a term (see _contains).
+INDEXED_TAIL = 12
+
+
+def _contains(text):
+    """The search document contains ``text``, case-insensitively.
+
+    The index's cost grows with every trigram of the pattern while its selectivity stops
+    growing after a dozen characters (a 36-character UUID costs four times its last 12), so a
+    longer term asks the index for its tail only — the tail, because ids tend to share
+    prefixes (order-00012…) — and checks the whole term on the few rows that come back.
+    """
+    if len(text) <= INDEXED_TAIL:
+        return RawSQL(
+            f"{SEARCH_DOCUMENT_SQL} ILIKE %s", [like_contains(text)], output_field=BooleanField()
+        )
+    return RawSQL(
+        f"({SEARCH_DOCUMENT_SQL} ILIKE %s AND strpos(lower({SEARCH_DOCUMENT_SQL}), lower(%s)) > 0)",
+        [like_contains(text[-INDEXED_TAIL:]), text],
+        output_field=BooleanField(),
+    )
 
 
 # A search matching at most this many messages is listed from its matches (see narrow_search).

@@ -120,3 +120,15 @@ def test_a_search_that_runs_too_long_is_stopped_with_advice(client, viewer, corp
     assert response.status_code == 200
     assert "The search took longer than" in response.content.decode()
     assert client.get("/messages/").status_code == 200  # the next request is unaffected
+
+
+def test_a_long_term_matches_whole_not_just_its_indexed_tail():
+    make_message(message_id="order-000000000001-eu", body=b"x")
+    make_message(message_id="retry-000000000001-eu", body=b"ORDER-000000000001-EU again")
+    make_message(message_id="other", body="prix: 100% crème brûlée, sûre".encode())
+    assert search("order-000000000001-eu") == ["order-000000000001-eu", "retry-000000000001-eu"]
+    assert search("order-000000000001-EU") == ["order-000000000001-eu", "retry-000000000001-eu"]
+    assert search("rder-000000000001-eu") == ["order-000000000001-eu", "retry-000000000001-eu"]
+    assert search("xorder-000000000001-eu") == []
+    assert search("100% crème brûlée") == ["other"]
+    assert search("100_ crème brûlée") == []
