@@ -274,6 +274,11 @@ COLLECTOR_MAX_BODY_BYTES = env_int("COLLECTOR_MAX_BODY_BYTES", 64 * 1024 * 1024,
 # Bytes the prefetch window may hold per source: RabbitMQ's prefetch counts messages, so the
 # collector derives the count from this and the body sizes it sees (recovery.collector.Window).
 COLLECTOR_PREFETCH_BYTES = env_int("COLLECTOR_PREFETCH_BYTES", 64 * 1024 * 1024, minimum=1)
+# Database writers per collector process, shared by all its sources and vhosts. Most of a
+# batch's time is PostgreSQL maintaining the store's indexes, in its own process: a second writer
+# lets that run on a second core while the first commits (2475 vs 1664 msg/s, 2 cores). More
+# writers than the database has cores only add churn; each is one database connection.
+COLLECTOR_WRITERS = env_int("COLLECTOR_WRITERS", 2, minimum=1)
 
 # Replay.
 REPLAY_CONFIRM_TIMEOUT_SECONDS = env_float("REPLAY_CONFIRM_TIMEOUT_SECONDS", 30.0)
