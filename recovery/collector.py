@@ -36,6 +36,7 @@ from recovery.collector_writer import (
     BACKOFF_MAX,
     Batch,
     Counters,
+    Session,
     WriterFailed,
     WriterPool,
 )
@@ -50,12 +51,6 @@ BATCH_MAX_BYTES = 16 * 1024 * 1024
 # Consumer-side wake-up: how long to wait for a delivery before looking at the clock again.
 POLL_SECONDS = 0.05
 HEARTBEAT = 30  # AMQP heartbeat (s); a dead TCP peer is noticed within two of them
-# Database writers per source connection. Most of a batch's time is PostgreSQL maintaining the
-# store's indexes (bench/collector.py prints ~120 us of backend CPU per message, against ~15 for
-# the baseline's bare table), in its own process: a second writer lets that run on a second core
-# while the first commits (measured: 2475 vs 1664 msg/s on 2 cores). More writers than the
-# database has cores only add lock and context-switch churn.
-WRITERS = 2
 
 
 def database_conninfo(alias="default"):
@@ -136,7 +131,7 @@ class SourceCollector(threading.Thread):
         quarantine_queue=None,
         prefetch_bytes=None,
         source=None,
-        writers=WRITERS,
+        pool=None,
     ):
         super().__init__(name=f"collector:{vhost}:{queue}", daemon=True)
         self.vhost = vhost
@@ -151,7 +146,10 @@ class SourceCollector(threading.Thread):
         self.max_body_bytes = max_body_bytes or settings.COLLECTOR_MAX_BODY_BYTES
         self.quarantine_queue = quarantine_queue or settings.RECOVERY_QUARANTINE_QUEUE
         self.poison_threshold = settings.POISON_THRESHOLD
-        self.writers = writers
+        # Shared with the process's other collectors (start_collectors), or a private one.
+        self.pool = pool or WriterPool(conninfo, settings.COLLECTOR_WRITERS, stop_event)
+        self.own_pool = pool is None
+        self.pool.collectors.append(self)
         self.counters = Counters()
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
         self.beat_lock = threading.Lock()
@@ -164,6 +162,15 @@ class SourceCollector(threading.Thread):
         self.stored_out_of_order = {}
 
     def run(self):
+        if self.own_pool:
+            self.pool.start()
+        try:
+            self.reconnect_until_stopped()
+        finally:
+            if self.own_pool:
+                self.pool.close()
+
+    def reconnect_until_stopped(self):
         backoff = BACKOFF_FIRST
         while not self.stop_event.is_set():
             try:
@@ -182,22 +189,21 @@ class SourceCollector(threading.Thread):
     def drain(self):
         """Consume until stopped or a connection fails (``run`` reconnects)."""
         connection = pika.BlockingConnection(amqp_parameters(self.vhost, heartbeat=HEARTBEAT))
-        writer = WriterPool(self, connection, self.writers)
+        session = Session(self, connection)
         self.in_flight = self.next_seq = self.ack_seq = 0
         self.stored_out_of_order = {}
         try:
             channel = connection.channel()
             window = Window(self.prefetch, self.prefetch_bytes, self.max_body_bytes)
-            writer.start()
             batch = Batch()
             while not self.stop_event.is_set():
                 for method, properties, body in window.subscribe(channel, self.queue):
-                    writer.raise_if_failed()
+                    session.raise_if_failed()
                     if method is not None:
                         self.take(batch, method, properties, body)
                         window.saw(len(body))
                     if batch and self.due(batch, window):
-                        self.flush(writer, channel, batch)
+                        self.flush(session, channel, batch)
                         window.after_batch(batch)
                         batch = Batch()
                     if self.stop_event.is_set() or window.changed:
@@ -205,10 +211,10 @@ class SourceCollector(threading.Thread):
                 # Gives back what was prefetched but not taken (the batch keeps its deliveries).
                 channel.cancel()
             if batch:
-                self.flush(writer, channel, batch)
-            self.wait_for_acks(connection, writer)
+                self.flush(session, channel, batch)
+            self.wait_for_acks(session)
         finally:
-            writer.close()
+            session.abandoned.set()
             if connection.is_open:
                 with contextlib.suppress(pika.exceptions.AMQPError, OSError):
                     connection.close()
@@ -250,9 +256,9 @@ class SourceCollector(threading.Thread):
             or time.monotonic() - batch.started >= self.flush_seconds
         )
 
-    def flush(self, writer, channel, batch):
+    def flush(self, session, channel, batch):
         self.in_flight += batch.count
-        writer.submit(batch, functools.partial(self.stored, channel, self.next_seq))
+        self.pool.submit(session, batch, functools.partial(self.stored, channel, self.next_seq))
         self.next_seq += 1
 
     def stored(self, channel, seq, batch, new):
@@ -271,25 +277,36 @@ class SourceCollector(threading.Thread):
         if last_tag is not None and channel.is_open:
             channel.basic_ack(last_tag, multiple=True)
 
-    def wait_for_acks(self, connection, writer, timeout=30.0):
+    def wait_for_acks(self, session, timeout=30.0):
         deadline = time.monotonic() + timeout
         while self.in_flight and time.monotonic() < deadline:
-            writer.raise_if_failed()
-            connection.process_data_events(time_limit=0.05)
+            session.raise_if_failed()
+            session.connection.process_data_events(time_limit=0.05)
 
 
-def start_collectors(vhosts=None, names=None, conninfo=None, **tunables):
-    """Start one thread per (vhost, source queue); returns (stop_event, threads)."""
+def start_collectors(vhosts=None, names=None, conninfo=None, writers=None, **tunables):
+    """Start one thread per (vhost, source queue) and their shared writers.
+
+    Returns (stop_event, threads); ``stop_collectors`` stops them all.
+    """
     names = names or Names.from_settings()
     conninfo = conninfo or database_conninfo()
     stop_event = threading.Event()
+    pool = WriterPool(conninfo, writers or settings.COLLECTOR_WRITERS, stop_event)
     threads = [
         SourceCollector(
-            vhost, queue, conninfo, stop_event, source=source_of(queue, names), **tunables
+            vhost,
+            queue,
+            conninfo,
+            stop_event,
+            source=source_of(queue, names),
+            pool=pool,
+            **tunables,
         )
         for vhost in (vhosts or settings.RECOVERY_VHOSTS)
         for queue in names.source_queues
     ]
+    pool.start()
     for thread in threads:
         thread.start()
     return stop_event, threads
@@ -300,3 +317,5 @@ def stop_collectors(stop_event, threads, timeout=10):
     deadline = time.monotonic() + timeout
     for thread in threads:
         thread.join(max(0.1, deadline - time.monotonic()))
+    for pool in {id(t.pool): t.pool for t in threads if not t.own_pool}.values():
+        pool.close(max(0.1, deadline - time.monotonic()))

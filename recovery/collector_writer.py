@@ -1,11 +1,11 @@
 """The database side of a collector: store batches, quarantine what cannot be stored, heartbeat.
 
-A ``WriterPool`` of ``BatchWriter`` threads sits beside each ``SourceCollector`` connection (the
-AMQP side) so that parsing the next batch overlaps with committing the previous ones. For every
-batch a writer (1) publishes the deliveries the consumer could not turn into rows to the
-quarantine queue, with publisher confirms, (2) stores the rows in one transaction, and only then
-(3) asks the AMQP thread to ack the batch. A failure before (3) leaves the deliveries unacked: the
-broker redelivers them and the unique fingerprint makes that harmless.
+The ``SourceCollector`` threads of a process (the AMQP side) hand their batches to one
+``WriterPool`` of ``BatchWriter`` threads, so that parsing the next batch overlaps with committing
+the previous ones. For every batch a writer (1) publishes the deliveries the consumer could not
+turn into rows to the quarantine queue, with publisher confirms, (2) stores the rows in one
+transaction, and only then (3) asks the batch's AMQP thread to ack it. A failure before (3) leaves
+the deliveries unacked: the broker redelivers them and the unique fingerprint makes that harmless.
 """
 
 import contextlib
@@ -134,55 +134,77 @@ class Quarantine:
 
 
 class WriterFailed(RuntimeError):
-    """The writer gave up on a batch; the AMQP side reconnects and the batch is redelivered."""
+    """A writer gave up on a batch; the AMQP side reconnects and the batch is redelivered."""
+
+
+class Session:
+    """One ``SourceCollector`` connection as the writers see it: where to ack, whether it died."""
+
+    def __init__(self, collector, connection):
+        self.collector = collector
+        self.connection = connection
+        self.abandoned = threading.Event()  # the connection is gone: drop and stop retrying
+        self.error = None
+
+    def raise_if_failed(self):
+        if self.error is not None:
+            raise WriterFailed(f"{type(self.error).__name__}: {self.error}") from self.error
+
+    def fail(self, exc):
+        self.error = exc
+        with contextlib.suppress(Exception):
+            self.connection.add_callback_threadsafe(lambda: None)  # wake the AMQP thread
+
+    def stored(self, on_stored, batch, new):
+        """Hand the ack to the AMQP thread (pika connections are not thread-safe)."""
+        try:
+            self.connection.add_callback_threadsafe(functools.partial(on_stored, batch, new))
+        except Exception as exc:  # noqa: BLE001 - the connection is gone: redelivery
+            log.info("%s: cannot ack, connection gone (%s)", self.collector.name, exc)
+            self.abandoned.set()
 
 
 _STOP = object()
 
 
 class WriterPool:
-    """The writer threads of one ``SourceCollector`` connection, fed from one queue.
+    """The database writers shared by all the collectors of a process.
 
     Several writers commit batches concurrently (PostgreSQL spends most of a batch maintaining
-    indexes, on its own CPU), so batches complete out of order; the AMQP side acks them in
-    order (``SourceCollector.stored``). Up to ``size`` batches wait for a writer, so the consumer
-    fills the next batch while others commit; the prefetch window bounds the memory.
+    indexes, on its own CPU), so batches complete out of order; each collector acks them in
+    order (``SourceCollector.stored``). Shared, so a process serving many vhosts holds ``size``
+    database connections, not a few per source, and a burst on one source gets every writer.
+    Up to ``size`` batches wait for a writer; the prefetch windows bound the memory.
     """
 
-    def __init__(self, collector, connection, size):
-        self.connection = connection
+    def __init__(self, conninfo, size, stop_event):
+        self.conninfo = conninfo
+        self.stop_event = stop_event
         self.batches = queue.Queue(maxsize=size)
-        self.abandon = threading.Event()  # the AMQP connection is gone: stop retrying
-        self.writers = [BatchWriter(collector, self, n) for n in range(size)]
+        self.collectors = []  # whose heartbeats the writers write
+        self.writers = [BatchWriter(self, n) for n in range(size)]
 
     def start(self):
         for writer in self.writers:
             writer.start()
 
-    def submit(self, batch, on_stored):
+    def submit(self, session, batch, on_stored):
         """Queue a batch; ``on_stored(batch, new)`` then runs in the AMQP thread to ack it."""
-        item = (batch, on_stored)
+        item = (session, batch, on_stored)
         while True:
-            self.raise_if_failed()
+            session.raise_if_failed()
             try:
                 self.batches.put_nowait(item)
                 return
             except queue.Full:
                 # Keep AMQP heartbeats and acks flowing while the database catches up.
-                self.connection.process_data_events(time_limit=0.05)
-
-    def raise_if_failed(self):
-        for writer in self.writers:
-            if writer.error is not None:
-                error = writer.error
-                raise WriterFailed(f"{type(error).__name__}: {error}") from error
+                session.connection.process_data_events(time_limit=0.05)
 
     def close(self, timeout=5.0):
-        self.abandon.set()
+        deadline = time.monotonic() + timeout
         for _ in self.writers:
             with contextlib.suppress(queue.Full):
-                self.batches.put_nowait(_STOP)
-        deadline = time.monotonic() + timeout
+                self.batches.put(_STOP, timeout=max(0.1, deadline - time.monotonic()))
         for writer in self.writers:
             if writer.ident is not None:
                 writer.join(max(0.1, deadline - time.monotonic()))
@@ -191,64 +213,61 @@ class WriterPool:
 class BatchWriter(threading.Thread):
     """One writer thread: quarantines, stores, then has the batch acked (see the module doc)."""
 
-    def __init__(self, collector, pool, number):
-        super().__init__(name=f"{collector.name}:writer{number}", daemon=True)
-        self.collector = collector
+    def __init__(self, pool, number):
+        super().__init__(name=f"collector-writer{number}", daemon=True)
         self.pool = pool
-        self.abandon = pool.abandon
-        self.error = None
         self.pg = None
-        self.quarantine = Quarantine(collector.vhost, collector.quarantine_queue)
+        self.quarantines = {}  # vhost -> Quarantine
         self.refused = 0
 
     def run(self):
-        connection = self.pool.connection
-        try:
-            self.beat()  # "running", and the start of the first rate interval
-            while not self.abandon.is_set():
-                try:
-                    item = self.pool.batches.get(timeout=HEARTBEAT_SECONDS / 2)
-                except queue.Empty:
-                    self.beat()
-                    continue
-                if item is _STOP:
-                    break
-                batch, on_stored = item
-                new = self.write(batch)
-                try:
-                    connection.add_callback_threadsafe(functools.partial(on_stored, batch, new))
-                except Exception as exc:  # noqa: BLE001 - the connection is gone: redelivery
-                    log.info("%s: cannot ack, connection gone (%s)", self.name, exc)
-                    break
-                self.beat()
-        except Exception as exc:  # noqa: BLE001 - reported to the AMQP thread, which reconnects
-            if not self.abandon.is_set():
-                log.warning("%s: %s: %s", self.name, type(exc).__name__, exc)
-                self.collector.counters.error(exc)
-            self.error = exc
-            with contextlib.suppress(Exception):
-                connection.add_callback_threadsafe(lambda: None)  # wake the AMQP thread
-        finally:
-            self.quarantine.close()
-            self._close_pg()
+        self.beat_all()  # "running", and the start of the first rate interval
+        while True:
+            try:
+                item = self.pool.batches.get(timeout=HEARTBEAT_SECONDS / 2)
+            except queue.Empty:
+                self.beat_all()
+                continue
+            if item is _STOP:
+                break
+            session, batch, on_stored = item
+            if session.abandoned.is_set():
+                continue  # its connection died: the broker redelivers these
+            try:
+                new = self.write(session, batch)
+            except Exception as exc:  # noqa: BLE001 - that source reconnects; the others go on
+                if not session.abandoned.is_set():
+                    log.warning("%s: %s: %s", session.collector.name, type(exc).__name__, exc)
+                    session.collector.counters.error(exc)
+                session.fail(exc)
+                continue
+            session.stored(on_stored, batch, new)
+            self.beat_all()
+        for quarantine in self.quarantines.values():
+            quarantine.close()
+        self._close_pg()
 
-    def write(self, batch):
+    def write(self, session, batch):
+        collector = session.collector
+        quarantine = self.quarantines.setdefault(
+            collector.vhost, Quarantine(collector.vhost, collector.quarantine_queue)
+        )
         try:
             for properties, body, reason in batch.quarantine:
-                self.quarantine.publish(properties, body, reason, self.collector.queue)
+                quarantine.publish(properties, body, reason, collector.queue)
             self.refused = 0
-            new = self.store(batch.rows)
+            new = self.store(session, batch.rows, quarantine)
         finally:
             # Rarely used: no idle connection whose heartbeats nobody would answer.
-            self.quarantine.close()
-        self.collector.counters.add(
+            quarantine.close()
+        collector.counters.add(
             collected=new,
             duplicates=len(batch.rows) - new - self.refused,
             quarantined=len(batch.quarantine),
         )
         return new
 
-    def store(self, rows):
+    def store(self, session, rows, quarantine):
         """Store until it works: only row errors (see ROW_ERROR_CLASSES) change the plan."""
         delay = BACKOFF_FIRST
         while True:
@@ -256,16 +275,18 @@ class BatchWriter(threading.Thread):
                 return store_rows(self._pg(), [row for row, _props, _body in rows])
             except psycopg.Error as exc:
                 if refuses_row(exc):
-                    log.warning("%s: batch refused (%s); storing one by one", self.name, exc)
-                    return self.store_one_by_one(rows)
-                self.collector.counters.error(exc)
-                log.warning("%s: database error %s; retrying in %.1fs", self.name, exc, delay)
+                    log.warning("%s: batch refused (%s); one by one", session.collector.name, exc)
+                    return self.store_one_by_one(session, rows, quarantine)
+                session.collector.counters.error(exc)
+                log.warning(
+                    "%s: database error %s; retrying in %.1fs", session.collector.name, exc, delay
+                )
                 self._close_pg()
-                if self.abandon.wait(delay) or self.collector.stop_event.is_set():
+                if session.abandoned.wait(delay) or self.pool.stop_event.is_set():
                     raise
                 delay = min(delay * 2, BACKOFF_MAX)
 
-    def store_one_by_one(self, rows):
+    def store_one_by_one(self, session, rows, quarantine):
         new = 0
         for row, properties, body in rows:
             try:
@@ -273,16 +294,15 @@ class BatchWriter(threading.Thread):
             except psycopg.Error as exc:
                 if not refuses_row(exc):
                     raise
-                self.quarantine.publish(
-                    properties, body, f"database refused: {exc}", self.collector.queue
-                )
-                self.collector.counters.add(quarantined=1)
+                reason = f"database refused: {exc}"
+                quarantine.publish(properties, body, reason, session.collector.queue)
+                session.collector.counters.add(quarantined=1)
                 self.refused += 1
         return new
 
     def _pg(self):
         if self.pg is None or self.pg.closed:
-            self.pg = psycopg.connect(self.collector.conninfo, autocommit=True)
+            self.pg = psycopg.connect(self.pool.conninfo, autocommit=True)
         return self.pg
 
     def _close_pg(self):
@@ -291,13 +311,16 @@ class BatchWriter(threading.Thread):
                 self.pg.close()
             self.pg = None
 
-    def beat(self, every=HEARTBEAT_SECONDS):
+    def beat_all(self):
+        for collector in list(self.pool.collectors):
+            self.beat(collector)
+
+    def beat(self, collector, every=HEARTBEAT_SECONDS):
         """Upsert this collector's counters so /healthz and the console see every collector.
 
         Best effort: a database that is down shows as a stale heartbeat, and the batch retry
         loop above is what waits for it.
         """
-        collector = self.collector
         now = time.monotonic()
         with collector.beat_lock:
             # Also at once when a source wakes up, so a drain shows as soon as it starts.
