@@ -18,7 +18,7 @@ from recovery.api.serializers import (
     ReplayAttemptSerializer,
     ReplayRequestSerializer,
 )
-from recovery.filters import apply_filters
+from recovery.filters import apply_filters, narrow_search
 from recovery.models import Message, ReplayAttempt
 from recovery.replay import (
     BrokerUnavailable,
@@ -34,10 +34,15 @@ FILTER_PARAMETERS = [MessageFilterParams]
 
 
 def filtered_messages(query_params, queryset=None):
-    """Messages matching the shared filters (recovery.filters.apply_filters)."""
+    """Messages matching the shared filters (recovery.filters.apply_filters).
+
+    A substring search is narrowed through the trigram index first (``narrow_search``), so a
+    rare term pages as fast as a common one instead of walking the whole store newest-first.
+    """
     if queryset is None:
         queryset = Message.objects.defer("body", "headers", "properties")
-    return apply_filters(queryset, validated(MessageFilterParams, query_params))
+    data = validated(MessageFilterParams, query_params)
+    return narrow_search(apply_filters(queryset, data), data)
 
 
 @extend_schema(parameters=FILTER_PARAMETERS, summary="List collected messages, newest first")
