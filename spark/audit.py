@@ -109,6 +109,11 @@ def run_audit(
     return outputs
 
 
+def on_driver(frame: DataFrame) -> DataFrame:
+    """A small frame computed once and held as local rows, so later jobs do not recompute it."""
+    return frame.sparkSession.createDataFrame(frame.collect(), frame.schema)
+
+
 def audit_frames(
     producer_raw: DataFrame,
     consumer_raw: DataFrame,
@@ -119,50 +124,64 @@ def audit_frames(
     sla_ms: int,
     now_ms: int,
 ) -> dict[str, DataFrame]:
-    """The audit over parsed inputs (``read_logs`` frames, store export, ``bindings_frame``)."""
+    """The audit over parsed inputs (``read_logs`` frames, store export, ``bindings_frame``).
+
+    Two small jobs summarise the logs (collected on the driver); one job shuffles every line by
+    message_id and persists the pair and orphan rows (``facts``), which every output reads.
+    Call ``spark.catalog.clearCache()`` once the outputs are written.
+    """
     grace_hours = math.ceil(grace_ms / HOUR_MS)
-    keep = StorageLevel.MEMORY_AND_DISK
-    consumer_lines = (
-        transforms.valid_lines(consumer_raw)
-        .select("message_id", "consumer_group", "consumer", "queue", "ts", "redelivered", "outcome")
-        .repartition("message_id")
-        .persist(keep)
-    )
-    messages = transforms.message_facts(transforms.valid_lines(producer_raw)).persist(keep)
-    coverage = transforms.store_coverage(
-        store, transforms.queue_groups(consumer_lines, binding_rows)
-    )
-    audited = transforms.audited_messages(
-        messages, transforms.expected_groups(messages, binding_rows), coverage, day_start_ms
-    )
     day_end_hour_ms = day_start_ms + 24 * HOUR_MS
-    producer_hours = transforms.process_hours(producer_raw, "producer", "producer")
-    consumer_hours = transforms.process_hours(consumer_raw, "consumer", "consumer")
-    gaps = (
-        transforms.input_gaps(producer_hours, day_start_ms, day_end_hour_ms)
-        .unionByName(
+    producer_summary = on_driver(
+        transforms.log_summary(
+            producer_raw,
+            "producer",
+            F.col("exchange"),
+            F.coalesce("routing_key", F.lit("")).alias("routing_key"),
+        )
+    )
+    consumer_summary = on_driver(
+        transforms.log_summary(consumer_raw, "consumer", F.col("consumer_group"), F.col("queue"))
+    )
+    expected = on_driver(
+        transforms.expected_groups(transforms.published_keys(producer_summary), binding_rows)
+    )
+    gaps = on_driver(
+        transforms.input_gaps(
+            transforms.process_hours(producer_summary, "producer"), day_start_ms, day_end_hour_ms
+        ).unionByName(
             transforms.input_gaps(
-                consumer_hours, day_start_ms, day_end_hour_ms + grace_hours * HOUR_MS
+                transforms.process_hours(consumer_summary, "consumer"),
+                day_start_ms,
+                day_end_hour_ms + grace_hours * HOUR_MS,
             )
         )
-        .persist(keep)
     )
-    pairs = transforms.mark_gaps(
+    malformed = on_driver(
+        transforms.malformed_hours(
+            producer_summary.unionByName(consumer_summary, allowMissingColumns=True),
+            day_start_ms,
+        )
+    )
+    lines = transforms.audit_lines(
+        transforms.valid_lines(producer_raw).select(
+            "message_id", "ts", "attempt", "exchange", "routing_key", "outcome"
+        ),
+        transforms.valid_lines(consumer_raw).select(
+            "message_id", "consumer_group", "consumer", "ts", "redelivered", "outcome"
+        ),
+        transforms.store_rows(store, transforms.queue_groups(consumer_summary, binding_rows)),
+    )
+    messages = transforms.with_expected_groups(transforms.per_message(lines), expected)
+    facts = transforms.mark_gaps(
         transforms.classify_pairs(
-            transforms.message_group_pairs(audited, consumer_lines, grace_ms)
+            transforms.pair_and_orphan_rows(messages, day_start_ms, grace_ms)
         ),
         transforms.gap_windows(gaps, grace_ms),
-    ).persist(keep)
-    orphans = transforms.orphan_lines(consumer_lines, messages, store, day_start_ms).persist(keep)
-    malformed = (
-        producer_raw.unionByName(consumer_raw, allowMissingColumns=True)
-        .where(
-            F.col("malformed")
-            & (F.col("file_hour_ms") >= day_start_ms)
-            & (F.col("file_hour_ms") < day_end_hour_ms)
-        )
-        .select(F.col("file_hour_ms").alias("window_ms"))
-        .persist(keep)
+    ).persist(StorageLevel.MEMORY_AND_DISK)
+    pairs = facts.where(~F.col("orphan"))
+    orphans = facts.where(F.col("orphan")).select(
+        "window_ms", "consumer_group", "message_id", "consumer", F.col("line_ts").alias("ts")
     )
     return {
         "windows": metrics.window_metrics(

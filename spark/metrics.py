@@ -165,7 +165,7 @@ def window_metrics(
     hours = spark.range(day_start_ms, day_start_ms + 24 * HOUR_MS, HOUR_MS).select(
         F.col("id").alias("window_ms")
     )
-    malformed_by_hour = malformed.groupBy("window_ms").agg(F.count(F.lit(1)).alias("malformed"))
+    malformed_by_hour = malformed.select("window_ms", F.col("lines").alias("malformed"))
     gaps_by_hour = gaps.groupBy(F.col("hour_ms").alias("window_ms")).agg(
         F.count(F.lit(1)).alias("gaps")
     )
@@ -214,7 +214,7 @@ def totals(
     )
     side = (
         orphans.agg(F.count(F.lit(1)).alias("orphan_consumptions"))
-        .crossJoin(malformed.agg(F.count(F.lit(1)).alias("malformed_lines")))
+        .crossJoin(malformed.agg(F.sum("lines").alias("malformed_lines")))
         .crossJoin(gaps.agg(F.count(F.lit(1)).alias("input_gaps")))
     )
     joined = over_pairs.crossJoin(side).fillna(0, subset=list(COUNT_METRICS))

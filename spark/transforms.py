@@ -57,6 +57,13 @@ malformed    a line that does not parse against the schema, lacks a required fie
              unknown schema version; counted in the window of the file's ``dt``/``hour``.
 """
 
+# How the job computes it (not part of the contract above): producer lines, consumer lines and
+# store rows are shuffled ONCE, by message_id, and folded into one row per message in a single
+# aggregate (``per_message``); the pairs and the orphan lines come out of that row by a narrow
+# explode (``pair_and_orphan_rows``). Everything else the audit needs from the logs (process
+# hours, malformed lines, routing keys, queues) comes from one small aggregate per log
+# (``log_summary``), small enough to collect on the driver.
+
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -66,6 +73,9 @@ from spark.schema import HOUR_MS
 CONSUMED_OUTCOMES = ("ack", "duplicate_skipped")
 PRODUCER_SIDE_KINDS = ("returned", "unroutable", "nacked", "unconfirmed")
 DEAD_LETTER_REASONS = ("rejected", "expired", "maxlen", "delivery_limit")
+
+# Where a row of ``audit_lines`` comes from.
+PRODUCER_LINE, CONSUMER_LINE, STORE_ROW = 0, 1, 2
 
 STORE_ROW_TYPE = T.StructType(
     [
@@ -78,45 +88,43 @@ STORE_ROW_TYPE = T.StructType(
     ]
 )
 
+# One exploded row of ``pair_and_orphan_rows``: a pair's delivery counts, or an orphan line.
+PAIR_TYPE = T.StructType(
+    [
+        T.StructField("consumer_group", T.StringType()),
+        T.StructField("deliveries", T.LongType()),
+        T.StructField("redelivered", T.LongType()),
+        T.StructField("late_deliveries", T.LongType()),
+        T.StructField("first_consumed_ts", T.LongType()),
+        T.StructField("last_consumed_ts", T.LongType()),
+        T.StructField("consumer", T.StringType()),
+        T.StructField("line_ts", T.LongType()),
+    ]
+)
+
 
 def valid_lines(logs: DataFrame) -> DataFrame:
     return logs.where(~F.col("malformed"))
 
 
-def message_facts(producer_lines: DataFrame) -> DataFrame:
-    """One row per published message_id over every producer line read (look-back included)."""
-    first = F.struct("ts", "attempt")
-    outcomes = F.collect_set("outcome")
-    facts = producer_lines.groupBy("message_id").agg(
-        F.min("ts").alias("first_ts"),
-        F.min_by("exchange", first).alias("exchange"),
-        F.min_by(F.coalesce("routing_key", F.lit("")), first).alias("routing_key"),
-        F.count(F.lit(1)).alias("attempts"),
-        outcomes.alias("outcomes"),
-    )
-    state = (
-        F.when(F.array_contains("outcomes", "ack"), "confirmed")
-        .when(F.array_contains("outcomes", "returned"), "returned")
-        .when(F.array_contains("outcomes", "nack"), "nacked")
-        .otherwise("unconfirmed")
-    )
-    return facts.select(
-        "message_id",
-        "first_ts",
-        (F.floor(F.col("first_ts") / HOUR_MS) * HOUR_MS).cast("long").alias("window_ms"),
-        "exchange",
-        "routing_key",
-        F.col("attempts").cast("long").alias("attempts"),
-        state.alias("publish_state"),
+def log_summary(logs: DataFrame, process: str, *keys: Column) -> DataFrame:
+    """Line counts per (process, file hour, malformed, keys...): all the audit needs from a log
+    besides its lines. As small as processes x hours x keys, so the driver can hold it."""
+    return logs.groupBy(F.col(process).alias("process"), "file_hour_ms", "malformed", *keys).agg(
+        F.count(F.lit(1)).alias("lines")
     )
 
 
-def expected_groups(messages: DataFrame, bindings: DataFrame) -> DataFrame:
+def published_keys(producer_summary: DataFrame) -> DataFrame:
+    """Every (exchange, routing_key) of a valid producer line (a superset of first attempts')."""
+    return producer_summary.where(~F.col("malformed")).select("exchange", "routing_key").distinct()
+
+
+def expected_groups(keys: DataFrame, bindings: DataFrame) -> DataFrame:
     """(exchange, routing_key) -> sorted array of the consumer groups bound to receive it.
 
     Matches the distinct keys only, so the regex join stays as small as the key space.
     """
-    keys = messages.select("exchange", "routing_key").distinct()
     matched = keys.join(
         F.broadcast(bindings.select("exchange", "pattern_regex", "consumer_group")),
         on=[
@@ -130,17 +138,21 @@ def expected_groups(messages: DataFrame, bindings: DataFrame) -> DataFrame:
     )
 
 
-def queue_groups(consumer_lines: DataFrame, bindings: DataFrame) -> DataFrame:
+def queue_groups(consumer_summary: DataFrame, bindings: DataFrame) -> DataFrame:
     """The set of (queue, consumer_group) pairs known from the consumer logs and the bindings."""
-    logged = consumer_lines.where(F.col("queue").isNotNull()).select("queue", "consumer_group")
+    logged = consumer_summary.where(~F.col("malformed") & F.col("queue").isNotNull()).select(
+        "queue", "consumer_group"
+    )
     configured = bindings.where(F.col("queue").isNotNull()).select("queue", "consumer_group")
     return logged.unionByName(configured).distinct()
 
 
-def store_coverage(store: DataFrame, queue_group: DataFrame) -> DataFrame:
-    """message_id -> the store rows that speak for it (``store_rows``), the first ``store_id``."""
+def store_rows(store: DataFrame, queue_group: DataFrame) -> DataFrame:
+    """(message_id, store_row): each store row once per group its source queue belongs to."""
     rows = store.where(F.col("message_id").isNotNull()).join(
-        queue_group.withColumnRenamed("queue", "source_queue"), on="source_queue", how="left"
+        F.broadcast(queue_group.withColumnRenamed("queue", "source_queue")),
+        on="source_queue",
+        how="left",
     )
     covered = F.when(F.col("kind") == "dead_letter", F.col("consumer_group"))
     row = F.struct(
@@ -151,139 +163,276 @@ def store_coverage(store: DataFrame, queue_group: DataFrame) -> DataFrame:
         F.coalesce("replay_count", F.lit(0).cast("long")).alias("replay_count"),
         covered.alias("covered_group"),
     )
-    return rows.groupBy("message_id").agg(
-        F.collect_list(row).alias("store_rows"), F.min("id").alias("store_id")
-    )
+    return rows.select("message_id", row.alias("store_row"))
 
 
-def audited_messages(
-    messages: DataFrame, expected: DataFrame, coverage: DataFrame, day_start_ms: int
+def audit_lines(
+    producer_lines: DataFrame, consumer_lines: DataFrame, stored: DataFrame
 ) -> DataFrame:
-    """The messages first published in the audited day, with their groups and store rows."""
-    day = messages.where(
-        (F.col("window_ms") >= day_start_ms) & (F.col("window_ms") < day_start_ms + 24 * HOUR_MS)
-    )
-    no_store_rows = F.array().cast(T.ArrayType(STORE_ROW_TYPE))
-    return (
-        day.join(F.broadcast(expected), on=["exchange", "routing_key"], how="left")
-        .join(coverage, on="message_id", how="left")
-        .select(
+    """Producer lines, consumer lines and store rows in one frame, tagged by ``source``."""
+    none = {
+        "ts": T.LongType(),
+        "attempt": T.LongType(),
+        "exchange": T.StringType(),
+        "routing_key": T.StringType(),
+        "outcome": T.StringType(),
+        "consumer_group": T.StringType(),
+        "consumer": T.StringType(),
+        "redelivered": T.BooleanType(),
+        "store_row": STORE_ROW_TYPE,
+    }
+
+    def tagged(frame: DataFrame, source: int) -> DataFrame:
+        return frame.select(
             "message_id",
-            "window_ms",
-            "first_ts",
-            "exchange",
-            "routing_key",
-            "attempts",
-            "publish_state",
-            F.coalesce("expected_groups", F.array().cast("array<string>")).alias("expected_groups"),
-            F.coalesce("store_rows", no_store_rows).alias("store_rows"),
-            "store_id",
+            F.lit(source).cast("byte").alias("source"),
+            *[
+                F.col(name) if name in frame.columns else F.lit(None).cast(kind).alias(name)
+                for name, kind in none.items()
+            ],
         )
+
+    return (
+        tagged(producer_lines, PRODUCER_LINE)
+        .unionByName(tagged(consumer_lines, CONSUMER_LINE))
+        .unionByName(tagged(stored, STORE_ROW))
     )
 
 
-def _pair_stats(grace_ms: int) -> list[Column]:
-    """Per (message, group) delivery counts, each consumer line judged against its deadline."""
-    on_time = F.col("c_ts") < F.col("window_ms") + HOUR_MS + grace_ms
-    consuming_ts = F.when(on_time & F.col("c_outcome").isin(*CONSUMED_OUTCOMES), F.col("c_ts"))
-    return [
-        F.count_if(on_time).alias("deliveries"),
-        F.count_if(on_time & F.coalesce("c_redelivered", F.lit(False))).alias("redelivered"),
-        F.count_if(F.col("c_ts").isNotNull() & ~on_time).alias("late_deliveries"),
-        F.min(consuming_ts).alias("first_consumed_ts"),
-        F.max(consuming_ts).alias("last_consumed_ts"),
-    ]
+def per_message(lines: DataFrame) -> DataFrame:
+    """One row per message_id of ``audit_lines``: its publish facts, its consumer lines, its store
+    rows, and the consumer-line summary ``pair_and_orphan_rows`` needs for the common case.
 
-
-MESSAGE_COLUMNS = (
-    "window_ms",
-    "first_ts",
-    "exchange",
-    "routing_key",
-    "attempts",
-    "publish_state",
-    "expected_groups",
-    "store_rows",
-    "store_id",
-)
-
-
-def message_group_pairs(messages: DataFrame, consumer_lines: DataFrame, grace_ms: int) -> DataFrame:
-    """One row per (message, group): expected groups ∪ groups that logged a delivery.
-
-    Joined and aggregated on message_id alone, so Spark keeps one partitioning from the join to
-    the last aggregate instead of shuffling each step.
+    The repartition is the job's only shuffle of the lines; the aggregate runs in one phase on it.
     """
-    consumed = consumer_lines.select(
-        "message_id",
-        "consumer_group",
-        F.col("ts").alias("c_ts"),
-        F.col("redelivered").alias("c_redelivered"),
-        F.col("outcome").alias("c_outcome"),
-    )
-    joined = messages.join(consumed, on="message_id", how="left")
-    per_group = joined.groupBy("message_id", "consumer_group").agg(
-        F.first(F.struct(*MESSAGE_COLUMNS)).alias("m"), *_pair_stats(grace_ms)
-    )
-    stats = [
-        "deliveries",
-        "redelivered",
-        "late_deliveries",
-        "first_consumed_ts",
-        "last_consumed_ts",
-    ]
-    pair = F.struct(F.col("consumer_group"), *[F.col(s) for s in stats])
-    per_message = per_group.groupBy("message_id").agg(
-        F.first("m").alias("m"),
-        F.filter(F.collect_list(pair), lambda p: p["consumer_group"].isNotNull()).alias("seen"),
-    )
-    missing = F.array_except(
-        F.col("m.expected_groups"), F.transform("seen", lambda p: p["consumer_group"])
-    )
-    silent = F.transform(
-        missing,
-        lambda g: F.struct(
-            g.alias("consumer_group"),
-            F.lit(0).cast("long").alias("deliveries"),
-            F.lit(0).cast("long").alias("redelivered"),
-            F.lit(0).cast("long").alias("late_deliveries"),
-            F.lit(None).cast("long").alias("first_consumed_ts"),
-            F.lit(None).cast("long").alias("last_consumed_ts"),
-        ),
-    )
-    nobody = F.array(
-        F.struct(
-            F.lit(None).cast("string").alias("consumer_group"),
-            *[F.lit(0).cast("long").alias(s) for s in stats[:3]],
-            *[F.lit(None).cast("long").alias(s) for s in stats[3:]],
+    source = F.col("source")
+    produced = source == PRODUCER_LINE
+    consumed = source == CONSUMER_LINE
+    consuming = consumed & F.col("outcome").isin(*CONSUMED_OUTCOMES)
+    first = F.when(produced, F.struct("ts", "attempt"))
+    key = F.struct("exchange", F.coalesce("routing_key", F.lit("")).alias("routing_key"))
+    line = F.struct("consumer_group", "consumer", "ts", "redelivered", "outcome")
+    facts = (
+        lines.repartition("message_id")
+        .groupBy("message_id")
+        .agg(
+            F.min(F.when(produced, F.col("ts"))).alias("first_ts"),
+            F.min_by(F.when(produced, key), first).alias("key"),
+            F.count_if(produced).alias("attempts"),
+            *[
+                F.count_if(produced & (F.col("outcome") == outcome)).alias(f"{outcome}_lines")
+                for outcome in ("ack", "returned", "nack")
+            ],
+            F.collect_list(F.when(consumed, line)).alias("lines"),
+            F.count_if(consumed).alias("line_count"),
+            F.min(F.when(consumed, F.col("consumer_group"))).alias("min_group"),
+            F.max(F.when(consumed, F.col("consumer_group"))).alias("max_group"),
+            F.min(F.when(consumed, F.col("ts"))).alias("min_line_ts"),
+            F.max(F.when(consumed, F.col("ts"))).alias("max_line_ts"),
+            F.count_if(consumed & F.coalesce("redelivered", F.lit(False))).alias("redelivered"),
+            F.min(F.when(consuming, F.col("ts"))).alias("min_consuming_ts"),
+            F.max(F.when(consuming, F.col("ts"))).alias("max_consuming_ts"),
+            F.collect_list("store_row").alias("store_rows"),
+            F.min("store_row.id").alias("store_id"),
         )
     )
-    every = F.concat("seen", silent)
-    all_pairs = F.when(F.size(every) > 0, every).otherwise(nobody)
-    return per_message.select(
+    state = (
+        F.when(F.col("ack_lines") > 0, "confirmed")
+        .when(F.col("returned_lines") > 0, "returned")
+        .when(F.col("nack_lines") > 0, "nacked")
+        .otherwise("unconfirmed")
+    )
+    return facts.select(
         "message_id",
-        "m.*",
-        F.posexplode(all_pairs).alias("pair_index", "p"),
-    ).select(
+        "first_ts",
+        (F.floor(F.col("first_ts") / HOUR_MS) * HOUR_MS).cast("long").alias("window_ms"),
+        F.col("key.exchange").alias("exchange"),
+        F.col("key.routing_key").alias("routing_key"),
+        "attempts",
+        state.alias("publish_state"),
+        "lines",
+        "line_count",
+        "min_group",
+        "max_group",
+        "min_line_ts",
+        "max_line_ts",
+        "redelivered",
+        "min_consuming_ts",
+        "max_consuming_ts",
+        "store_rows",
+        "store_id",
+    )
+
+
+def with_expected_groups(messages: DataFrame, expected: DataFrame) -> DataFrame:
+    """Adds ``expected_groups`` (empty when no binding matches)."""
+    return messages.join(
+        F.broadcast(expected), on=["exchange", "routing_key"], how="left"
+    ).withColumn("expected_groups", F.coalesce("expected_groups", F.array().cast("array<string>")))
+
+
+def _pair(
+    group: Column,
+    deliveries: Column | int = 0,
+    redelivered: Column | int = 0,
+    late: Column | int = 0,
+    first_consumed: Column | None = None,
+    last_consumed: Column | None = None,
+    consumer: Column | None = None,
+    line_ts: Column | None = None,
+) -> Column:
+    def value(column, kind):
+        column = F.lit(column) if not isinstance(column, Column) else column
+        return column.cast(kind)
+
+    fields = (
+        group,
+        deliveries,
+        redelivered,
+        late,
+        first_consumed,
+        last_consumed,
+        consumer,
+        line_ts,
+    )
+    return F.struct(
+        *[
+            value(column, field.dataType).alias(field.name)
+            for column, field in zip(fields, PAIR_TYPE.fields, strict=True)
+        ]
+    )
+
+
+def _no_pairs() -> Column:
+    return F.array().cast(T.ArrayType(PAIR_TYPE))
+
+
+def _seen_pairs(deadline: Column) -> tuple[Column, Column]:
+    """(pairs of the groups that logged a line, those groups). Each line counts as a delivery
+    when ``ts < deadline``, else as a late delivery.
+
+    Most messages have lines of one group only, all on time (or all late): their pair comes from
+    the aggregate's summary columns. Only the others go through the array functions.
+    """
+    on_time_all = F.col("max_line_ts") < deadline
+    uniform = (F.col("line_count") == 0) | (
+        (F.col("min_group") == F.col("max_group"))
+        & (on_time_all | (F.col("min_line_ts") >= deadline))
+    )
+    summary = _pair(
+        F.col("min_group"),
+        F.when(on_time_all, F.col("line_count")).otherwise(0),
+        F.when(on_time_all, F.col("redelivered")).otherwise(0),
+        F.when(on_time_all, 0).otherwise(F.col("line_count")),
+        F.when(on_time_all, F.col("min_consuming_ts")),
+        F.when(on_time_all, F.col("max_consuming_ts")),
+    )
+    groups = F.array_distinct(F.transform("lines", lambda line: line["consumer_group"]))
+
+    def group_pair(group: Column) -> Column:
+        mine = F.filter("lines", lambda line: line["consumer_group"] == group)
+        on_time = F.filter(mine, lambda line: line["ts"] < deadline)
+        consuming = F.transform(
+            F.filter(on_time, lambda line: line["outcome"].isin(*CONSUMED_OUTCOMES)),
+            lambda line: line["ts"],
+        )
+        redelivered = F.filter(on_time, lambda line: F.coalesce(line["redelivered"], F.lit(False)))
+        return _pair(
+            group,
+            F.size(on_time),
+            F.size(redelivered),
+            F.size(mine) - F.size(on_time),
+            F.array_min(consuming),
+            F.array_max(consuming),
+        )
+
+    some = F.col("line_count") > 0
+    pairs = F.when(uniform & some, F.array(summary)).when(uniform, _no_pairs())
+    names = F.when(uniform & some, F.array("min_group")).when(
+        uniform, F.array().cast("array<string>")
+    )
+    return (
+        pairs.otherwise(F.transform(groups, group_pair)),
+        names.otherwise(groups),
+    )
+
+
+def pair_and_orphan_rows(messages: DataFrame, day_start_ms: int, grace_ms: int) -> DataFrame:
+    """One row per (message, group) of the audited day's messages, and one per orphan line.
+
+    Pairs: the groups that logged a line, then the expected groups that did not (``primary``
+    marks one pair per message); a message with neither gets one pair with a null group.
+    Orphan rows (``orphan``) are the day's lines of a message_id no producer line or store row
+    knows, in the window of the line's own ``ts``.
+    """
+    day_end_ms = day_start_ms + 24 * HOUR_MS
+    deadline = F.col("window_ms") + HOUR_MS + grace_ms
+    in_day = (F.col("window_ms") >= day_start_ms) & (F.col("window_ms") < day_end_ms)
+    orphan = F.col("first_ts").isNull() & F.col("store_id").isNull()
+    seen, seen_groups = _seen_pairs(deadline)
+    missing = F.array_except("expected_groups", seen_groups)
+    silent = F.when(F.size(missing) == 0, _no_pairs()).otherwise(
+        F.transform(missing, lambda group: _pair(group))
+    )
+    every = F.concat(seen, silent)
+    nobody = F.array(_pair(F.lit(None)))
+    orphan_lines = F.transform(
+        F.filter("lines", lambda line: (line["ts"] >= day_start_ms) & (line["ts"] < day_end_ms)),
+        lambda line: _pair(line["consumer_group"], consumer=line["consumer"], line_ts=line["ts"]),
+    )
+    rows = F.when(in_day, F.when(F.size(every) > 0, every).otherwise(nobody)).otherwise(
+        orphan_lines
+    )
+    exploded = messages.where(in_day | orphan).select(
+        "*", orphan.alias("orphan"), F.posexplode(rows).alias("pair_index", "p")
+    )
+    return exploded.select(
         "message_id",
-        *MESSAGE_COLUMNS,
-        (F.col("pair_index") == 0).alias("primary"),
+        F.when(F.col("orphan"), (F.floor(F.col("p.line_ts") / HOUR_MS) * HOUR_MS).cast("long"))
+        .otherwise(F.col("window_ms"))
+        .alias("window_ms"),
+        "first_ts",
+        "exchange",
+        "routing_key",
+        "attempts",
+        "publish_state",
+        "expected_groups",
+        "store_rows",
+        "store_id",
+        "orphan",
+        (~F.col("orphan") & (F.col("pair_index") == 0)).alias("primary"),
         "p.*",
     )
 
 
 def classify_pairs(pairs: DataFrame) -> DataFrame:
-    """Per pair: expected, consumed, dead-lettered, recovered, unaccounted, duplicates by cause."""
+    """Per pair: expected, consumed, dead-lettered, recovered, unaccounted, duplicates by cause.
+
+    Store rows are few: a pair without any skips the array functions.
+    """
     group = F.col("consumer_group")
 
     def covers(row: Column) -> Column:
         return row["covered_group"].isNull() | (row["covered_group"] == group)
 
-    dead_letters = F.filter("store_rows", lambda s: (s["kind"] == "dead_letter") & covers(s))
-    first_dead_letter = F.array_min(dead_letters)
-    replays = F.aggregate(
-        dead_letters, F.lit(0).cast("long"), lambda acc, s: acc + s["replay_count"]
+    stored = F.size("store_rows") > 0
+    no_rows = F.array().cast(T.ArrayType(STORE_ROW_TYPE))
+    with_rows = pairs.withColumns(
+        {
+            "dead_letters": F.when(
+                stored,
+                F.filter("store_rows", lambda s: (s["kind"] == "dead_letter") & covers(s)),
+            ).otherwise(no_rows),
+            "covered": stored & F.exists("store_rows", covers),
+        }
     )
+    dead_letters = F.col("dead_letters")
+    dead_lettered = F.size(dead_letters) > 0
+    first_dead_letter = F.array_min(dead_letters)
+    replays = F.when(
+        dead_lettered,
+        F.aggregate(dead_letters, F.lit(0).cast("long"), lambda acc, s: acc + s["replay_count"]),
+    ).otherwise(0)
     consumed = F.col("first_consumed_ts").isNotNull()
     extra = F.greatest(F.col("deliveries") - 1, F.lit(0))
     by_broker = F.least(F.col("redelivered"), extra)
@@ -291,8 +440,7 @@ def classify_pairs(pairs: DataFrame) -> DataFrame:
     unflagged = extra - by_broker - by_replay
     by_retry = F.least(unflagged, F.col("attempts") - 1)
     expected = group.isNotNull() & F.array_contains("expected_groups", group)
-    dead_lettered = F.size(dead_letters) > 0
-    return pairs.select(
+    return with_rows.select(
         "message_id",
         "window_ms",
         "exchange",
@@ -315,30 +463,43 @@ def classify_pairs(pairs: DataFrame) -> DataFrame:
             & consumed
             & (F.col("last_consumed_ts") >= first_dead_letter["collected_ms"])
         ).alias("recovered"),
-        (
-            expected
-            & (F.col("publish_state") == "confirmed")
-            & ~consumed
-            & ~F.exists("store_rows", covers)
-        ).alias("unaccounted"),
+        (expected & (F.col("publish_state") == "confirmed") & ~consumed & ~F.col("covered")).alias(
+            "unaccounted"
+        ),
         by_broker.alias("dup_broker_redelivery"),
         by_retry.alias("dup_producer_retry"),
         (unflagged - by_retry).alias("dup_consumer_reprocessing"),
+        "orphan",
+        "consumer",
+        "line_ts",
     )
 
 
-def process_hours(logs: DataFrame, process: str, source: str) -> DataFrame:
+def process_hours(summary: DataFrame, source: str) -> DataFrame:
     """(source, process, consumer_group, hour_ms) for every hour a process wrote a log file."""
-    group = F.col("consumer_group") if "consumer_group" in logs.columns else F.lit(None)
+    group = F.col("consumer_group") if "consumer_group" in summary.columns else F.lit(None)
     return (
-        logs.where(F.col(process).isNotNull())
+        summary.where(F.col("process").isNotNull())
         .select(
             F.lit(source).alias("source"),
-            F.col(process).alias("process"),
+            "process",
             group.cast("string").alias("consumer_group"),
             F.col("file_hour_ms").alias("hour_ms"),
         )
         .distinct()
+    )
+
+
+def malformed_hours(summary: DataFrame, day_start_ms: int) -> DataFrame:
+    """(window_ms, lines): malformed lines per file hour of the audited day."""
+    return (
+        summary.where(
+            F.col("malformed")
+            & (F.col("file_hour_ms") >= day_start_ms)
+            & (F.col("file_hour_ms") < day_start_ms + 24 * HOUR_MS)
+        )
+        .groupBy(F.col("file_hour_ms").alias("window_ms"))
+        .agg(F.sum("lines").alias("lines"))
     )
 
 
@@ -394,28 +555,4 @@ def mark_gaps(pairs: DataFrame, gap_window: DataFrame) -> DataFrame:
             F.coalesce("producer_gap", F.lit(False)) | F.coalesce("consumer_gap", F.lit(False)),
         )
         .drop("producer_gap", "consumer_gap")
-    )
-
-
-def orphan_lines(
-    consumer_lines: DataFrame,
-    messages: DataFrame,
-    store: DataFrame,
-    day_start_ms: int,
-) -> DataFrame:
-    """Consumer lines of the audited day for message ids no producer log or store row knows."""
-    in_day = consumer_lines.where(
-        (F.col("ts") >= day_start_ms) & (F.col("ts") < day_start_ms + 24 * HOUR_MS)
-    )
-    stored = store.where(F.col("message_id").isNotNull()).select("message_id")
-    return (
-        in_day.join(messages.select("message_id"), on="message_id", how="left_anti")
-        .join(stored, on="message_id", how="left_anti")
-        .select(
-            (F.floor(F.col("ts") / HOUR_MS) * HOUR_MS).cast("long").alias("window_ms"),
-            "consumer_group",
-            "message_id",
-            "consumer",
-            "ts",
-        )
     )
