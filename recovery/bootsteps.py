@@ -11,8 +11,13 @@ class CollectorStep(bootsteps.StartStopStep):
     """Starts ``recovery.collector`` threads with the worker and stops them on shutdown.
 
     Enabled by ``--collector`` (default: the COLLECTOR_ENABLED setting). Run workers with
-    ``--no-collector`` to dedicate them to replay jobs and audits.
+    ``--no-collector`` to dedicate them to replay jobs and audits. The threads live in the main
+    worker process and start after the pool, so prefork children are forked before they exist.
+    On a warm shutdown (SIGTERM) they store and ack what they hold; after a kill -9 the broker
+    redelivers it and the store's fingerprint drops what had been stored already.
     """
+
+    requires = ("celery.worker.components:Pool",)
 
     def __init__(self, worker, collector=None, **kwargs):
         from django.conf import settings
