@@ -17,7 +17,6 @@ kill -9) can duplicate, because a new runner re-sends whatever was claimed and u
 
 import logging
 import os
-import queue
 import socket
 import threading
 import time
@@ -32,6 +31,8 @@ from django.utils import timezone
 from recovery.models import Activity, ReplayJob
 from recovery.replay.one import wire_from_columns
 from recovery.replay.publisher import AsyncPublisher, Entry
+from recovery.replay.recorder import RECORDERS, Recorder, Recorders
+from recovery.replay.safety import breaker_reason, canary_reason
 from recovery.replay.store import JobStore
 from recovery.replay.targets import Target, ensure_delay_routes
 
@@ -40,14 +41,12 @@ log = logging.getLogger(__name__)
 # Heartbeat + state check period: how fast a cancel or a pause takes effect.
 CONTROL_S = 0.5
 # Outcomes are written at least this often, and in batches of at most FLUSH_ROWS.
-FLUSH_S = 0.1
-FLUSH_ROWS = 1000
+FLUSH_S = 0.05
+FLUSH_ROWS = 250
 # The circuit breaker counts what came back at most this often (a join over the job's items).
-BREAKER_CHECK_S = 1.0
+BREAKER_CHECK_S = 2.0
 # How long the publisher may be disconnected before the job says it is waiting for RabbitMQ.
 BROKER_QUIET_S = 2.0
-# Outcome writers per job (database connections); see Recorders.
-RECORDERS = 2
 # Set by the Celery worker_shutting_down signal (recovery.tasks): runners hand their job back.
 SHUTDOWN = threading.Event()
 
@@ -56,86 +55,30 @@ class LeaseLost(Exception):
     """Another runner took the job over; stop without writing anything."""
 
 
-class Recorder(threading.Thread):
-    """Writes outcomes on its own database connection while the runner claims and publishes:
-    the store's writes (one message row update per message) are the slowest part of a replay,
-    and here they overlap with everything else."""
+class Pacer:
+    """A token bucket for a job's rate (msgs/s; None = as fast as confirms allow). At most half
+    a second of tokens pile up, so a pause (a canary, a broker outage) is not followed by a
+    burst, while the average over the job stays on the rate."""
 
-    def __init__(self, store, user_id, via):
-        super().__init__(name=f"replay-recorder:{store.job_id}", daemon=True)
-        self.store, self.user_id, self.via = store, user_id, via
-        self.batches = queue.Queue()
-        self.lock = threading.Lock()
-        self.backlog = 0  # rows handed over, not yet written
-        self.confirmed = 0
-        self.error = None
-        self.idle = threading.Event()
-        self.idle.set()
+    def __init__(self, rate):
+        self.rate = rate or None
+        self.tokens = 0.0
+        self.burst = max(1.0, self.rate * 0.5) if self.rate else 0.0
+        self.last = time.monotonic()
 
-    def put(self, rows):
-        if self.error is not None:
-            raise self.error
-        with self.lock:
-            self.backlog += len(rows)
-            self.idle.clear()
-        self.batches.put(rows)
+    def allowance(self, now, wanted):
+        """How many of ``wanted`` messages may go now (and spend their tokens)."""
+        if not self.rate:
+            return wanted
+        self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
+        self.last = now
+        count = min(wanted, int(self.tokens))
+        self.tokens -= count
+        return count
 
-    def run(self):
-        try:
-            while (rows := self.batches.get()) is not None:
-                if self.error is None:
-                    try:
-                        counts = self.store.record(rows, self.user_id, self.via)
-                    except Exception as exc:  # handed to the runner thread, which stops
-                        self.error = exc
-                        counts = {"confirmed": 0}
-                with self.lock:
-                    self.backlog -= len(rows)
-                    self.confirmed += counts["confirmed"]
-                    if self.backlog == 0:
-                        self.idle.set()
-        finally:
-            self.store.close()
-
-    def wait_idle(self):
-        while not self.idle.wait(1.0):
-            if not self.is_alive():
-                break
-        if self.error is not None:
-            raise self.error
-
-    def stop(self):
-        self.batches.put(None)
-        self.join(30)
-
-
-class Recorders:
-    """A few recorders side by side (each its own connection): PostgreSQL spreads the message
-    row updates over its cores. Batches go to the least busy one."""
-
-    def __init__(self, recorders):
-        self.recorders = recorders
-        for recorder in recorders:
-            recorder.start()
-
-    @property
-    def backlog(self):
-        return sum(r.backlog for r in self.recorders)
-
-    @property
-    def confirmed(self):
-        return sum(r.confirmed for r in self.recorders)
-
-    def put(self, rows):
-        min(self.recorders, key=lambda r: r.backlog).put(rows)
-
-    def wait_idle(self):
-        for recorder in self.recorders:
-            recorder.wait_idle()
-
-    def stop(self):
-        for recorder in self.recorders:
-            recorder.stop()
+    def wait(self):
+        """Seconds until the next token."""
+        return max(0.001, (1.0 - self.tokens) / self.rate)
 
 
 def runner_name():
@@ -261,97 +204,105 @@ class JobRunner:
     # ---- the loop ---------------------------------------------------------------------------
 
     def _loop(self):
-        job, store = self.job, self.store
-        rate = job.rate or None
-        buffer = deque()  # (vhost, Entry) claimed, not yet handed to a publisher
-        self.pending = pending = {}  # item id -> (message id, exchange, key): not yet answered
-        results = []
-        exhausted = False
-        canary_until = None
-        tokens, last_refill = 0.0, time.monotonic()
-        burst = max(1.0, rate * 0.5) if rate else 0.0
+        self.buffer = deque()  # (vhost, Entry): claimed, not yet handed to a publisher
+        self.pending = {}  # item id -> (message id, exchange, key): handed over, not answered
+        self.results = []  # answered, not yet handed to a recorder
+        self.exhausted = False  # no pending item left to claim (in this phase)
+        self.canary_until = None
+        self.pacer = Pacer(self.job.rate)
         next_control = last_flush = 0.0
         while True:
             self.wakeup.clear()
             now = time.monotonic()
             if now >= next_control:
-                self._flush(results)
+                self._flush()
                 verdict = self._control()
                 if verdict is not None:
-                    return self._stop(verdict, buffer)
+                    return self._stop(verdict)
                 next_control = now + CONTROL_S
-            unrecorded = len(pending) + len(results) + self.recorder.backlog
-            if (
-                not exhausted
-                and not buffer
-                and canary_until is None
-                and unrecorded < self.window
-                and now >= self.stalled_until
-            ):
-                limit = min(self.claim_batch, self.window - unrecorded)
-                claimed, _skipped, any_left = store.claim(
-                    limit, job.allowed_statuses, canary_only=self.canary
-                )
-                exhausted = not any_left
-                try:
-                    self._stage(claimed, buffer)
-                except (pika.exceptions.AMQPError, OSError) as exc:
-                    # No delay route without the broker: give the batch back, try again soon.
-                    store.release([c.item_id for c in claimed])
-                    exhausted, self.stalled_until = False, now + 1.0
-                    self.stalled_reason = f"cannot declare the delay queue ({exc!r})"
-            if rate:
-                tokens = min(burst, tokens + (now - last_refill) * rate)
-                last_refill = now
-                count = min(len(buffer), int(tokens))
-                tokens -= count
-            else:
-                count = len(buffer)
-            for _ in range(count):
-                vhost, entry = buffer.popleft()
+            if self._may_claim(now):
+                self._claim(now)
+            for _ in range(self.pacer.allowance(now, len(self.buffer))):
+                vhost, entry = self.buffer.popleft()
                 self._publisher(vhost).submit(entry)
-            for publisher in self.publishers.values():
-                for outcome in publisher.take_outcomes():
-                    message_id, exchange, key = pending.pop(outcome.key)
-                    results.append(
-                        (outcome.key, message_id, outcome.outcome, outcome.detail, exchange, key)
-                    )
-            if results and (len(results) >= FLUSH_ROWS or now - last_flush >= FLUSH_S):
-                self._flush(results)
+            self._collect()
+            if self.results and (len(self.results) >= FLUSH_ROWS or now - last_flush >= FLUSH_S):
+                self._flush()
                 last_flush = now
-            if exhausted and not buffer and not pending:
-                self._settle(results)
-                if self.canary:
-                    if canary_until is None:
-                        remaining = job.canary_pause_seconds - store.canary_elapsed()
-                        canary_until = time.monotonic() + max(0.0, remaining)
-                    if time.monotonic() >= canary_until:
-                        verdict = self._judge_canary()
-                        if verdict is not None:
-                            return self._stop(verdict, buffer)
-                        self.canary, exhausted, canary_until = False, False, None
-                        continue
-                else:
-                    left = store.reconcile()
-                    if not (left.get("pending") or left.get("claimed")):
-                        return self._finish(left)
-                    exhausted = False
-            if buffer and rate:
-                timeout = max(0.001, (1.0 - tokens) / rate)
-            elif buffer or (
-                not exhausted
-                and len(pending) + len(results) + self.recorder.backlog < self.window
-                and now >= self.stalled_until
-            ):
-                continue  # more to claim or submit right away
-            else:
-                timeout = 0.05
-            self.wakeup.wait(min(timeout, 0.05))
+            if self.exhausted and not self.buffer and not self.pending:
+                ended = self._phase_end()
+                if ended is not None:
+                    return ended
+                continue
+            if self.buffer and self.pacer.rate:
+                self.wakeup.wait(min(self.pacer.wait(), 0.05))
+            elif not self.buffer and not self._may_claim(now):
+                self.wakeup.wait(0.05)  # for outcomes, the recorders, or a stalled broker
 
-    def _stage(self, claimed, buffer):
+    @property
+    def unrecorded(self):
+        """Claimed and not yet written: what a crash now could send twice (kept <= window).
+        ``pending`` includes the buffer."""
+        return len(self.pending) + len(self.results) + self.recorder.backlog
+
+    def _may_claim(self, now):
+        return (
+            not self.exhausted
+            and not self.buffer
+            and self.canary_until is None
+            and self.unrecorded < self.window
+            and now >= self.stalled_until
+        )
+
+    def _claim(self, now):
+        limit = min(self.claim_batch, self.window - self.unrecorded)
+        claimed, _skipped, any_left = self.store.claim(
+            limit, self.job.allowed_statuses, canary_only=self.canary
+        )
+        self.exhausted = not any_left
+        try:
+            self._stage(claimed)
+        except (pika.exceptions.AMQPError, OSError) as exc:
+            # No delay route without the broker: give the batch back and try again soon.
+            self.store.release([c.item_id for c in claimed])
+            self.exhausted, self.stalled_until = False, now + 1.0
+            self.stalled_reason = f"cannot declare the delay queue ({exc!r})"
+
+    def _collect(self):
+        pending, results = self.pending, self.results
+        for publisher in self.publishers.values():
+            for outcome in publisher.take_outcomes():
+                message_id, exchange, key = pending.pop(outcome.key)
+                results.append(
+                    (outcome.key, message_id, outcome.outcome, outcome.detail, exchange, key)
+                )
+
+    def _phase_end(self):
+        """Everything claimable was sent and answered: judge the canary, or finish. A stop
+        verdict's outcome, or None to go on."""
+        self._settle()
+        if not self.canary:
+            left = self.store.reconcile()
+            if not (left.get("pending") or left.get("claimed")):
+                return self._finish(left)
+            self.exhausted = False
+            return None
+        if self.canary_until is None:
+            remaining = self.job.canary_pause_seconds - self.store.canary_elapsed()
+            self.canary_until = time.monotonic() + max(0.0, remaining)
+        if time.monotonic() < self.canary_until:
+            self.wakeup.wait(0.05)  # the canary's pause (heartbeats and cancels go on)
+            return None
+        verdict = self._judge_canary()
+        if verdict is not None:
+            return self._stop(verdict)
+        self.canary, self.exhausted, self.canary_until = False, False, None
+        return None
+
+    def _stage(self, claimed):
         """Claimed rows -> wire entries in the buffer. Raises AMQPError/OSError (nothing
         staged) if a delay route cannot be declared."""
-        target, pending = self.target, self.pending
+        target, pending, buffer = self.target, self.pending, self.buffer
         now = timezone.now().replace(tzinfo=None)
         finals = [
             target.final(c.kind, c.source_queue, c.source_exchange, c.routing_keys) for c in claimed
@@ -387,14 +338,14 @@ class JobRunner:
             self.publishers[vhost] = publisher
         return publisher
 
-    def _flush(self, results):
-        if results:
-            self.recorder.put(list(results))
-            results.clear()
+    def _flush(self):
+        if self.results:
+            self.recorder.put(self.results)
+            self.results = []
 
-    def _settle(self, results):
+    def _settle(self):
         """Everything answered is written (before judging, pausing or finishing)."""
-        self._flush(results)
+        self._flush()
         self.recorder.wait_idle()
 
     @property
@@ -438,56 +389,37 @@ class JobRunner:
 
     def _breaker(self):
         job = self.job
-        replayed = self.confirmed - job.breaker_base_confirmed
-        dead = self.dead - job.breaker_base_dead
-        if not self.breaker_pct or replayed < settings.REPLAY_BREAKER_MIN_SAMPLE:
-            return None
-        share = 100.0 * dead / replayed
-        if share < self.breaker_pct:
-            return None
-        return (
-            "pause",
-            f"circuit breaker: {dead} of {replayed} replayed messages ({share:.0f}%) came back "
-            f"dead-lettered; threshold {self.breaker_pct:g}%. Fix the consumer, then resume.",
+        reason = breaker_reason(
+            self.confirmed - job.breaker_base_confirmed,
+            self.dead - job.breaker_base_dead,
+            self.breaker_pct,
+            settings.REPLAY_BREAKER_MIN_SAMPLE,
         )
+        return ("pause", reason) if reason else None
 
     def _judge_canary(self):
         job = self.job
         counts = self.store.canary_counts()
-        confirmed = counts.get("confirmed", 0)
-        refused = counts.get("returned", 0) + counts.get("nacked", 0) + counts.get("failed", 0)
-        if confirmed == 0 and refused:
-            return (
-                "pause",
-                f"canary: none of the {refused} canary messages was accepted by the broker "
-                "(returned or refused; see the attempts).",
-            )
         dead = self.store.dead_again(job.started_at, canary_only=True)
-        share = 100.0 * dead / confirmed if confirmed else 0.0
-        limit = job.canary_max_failure_pct
-        if limit is not None and share >= limit:
-            return (
-                "pause",
-                f"canary: {dead} of {confirmed} canary messages ({share:.0f}%) came back "
-                f"dead-lettered within {job.canary_pause_seconds:g}s (limit: fewer than "
-                f"{limit:g}%). Resume to continue anyway.",
-            )
+        reason = canary_reason(counts, dead, job.canary_max_failure_pct, job.canary_pause_seconds)
+        if reason:
+            return ("pause", reason)
         self.store.set_fields(canary_passed_at=timezone.now())
-        self._activity("job_canary_passed", {"confirmed": confirmed, "dead_again": dead})
+        self._activity("job_canary_passed", {"counts": counts, "dead_again": dead})
         return None
 
     # ---- ends ---------------------------------------------------------------------------------
 
-    def _stop(self, verdict, buffer):
+    def _stop(self, verdict):
         """Stop sending, settle what is in flight, then leave the job as the verdict says."""
         kind, reason = verdict
         for publisher in self.publishers.values():
             publisher.withdraw()
-        unknown, results = [], []
-        release = [entry.key for _vhost, entry in buffer]
+        release = [entry.key for _vhost, entry in self.buffer]
         for key in release:
             self.pending.pop(key, None)
-        buffer.clear()
+        self.buffer.clear()
+        unknown = []
         deadline = time.monotonic() + self.confirm_timeout + 2
         while self.pending and time.monotonic() < deadline:
             self.wakeup.clear()
@@ -497,13 +429,13 @@ class JobRunner:
                     if outcome.outcome == "withdrawn":
                         (unknown if outcome.maybe_sent else release).append(outcome.key)
                     else:
-                        results.append(
+                        self.results.append(
                             (outcome.key, message_id, outcome.outcome, outcome.detail)
                             + (exchange, key)
                         )
             if self.pending:
                 self.wakeup.wait(0.05)
-        self._settle(results)
+        self._settle()
         self.store.release(release)
         unknown.extend(self.pending)
         self.store.release(

@@ -214,7 +214,11 @@ class JobStore:
                 f"UPDATE {JOB} SET total = %s, populated_at = now() WHERE id = %s",
                 (total, self.job_id),
             )
-            return total
+        with connection.cursor() as cur:
+            # The claim and breaker queries plan on these statistics; a big snapshot changes
+            # them more than autovacuum notices in time.
+            cur.execute(f"ANALYZE {ITEM}")
+        return total
 
     def reclaim(self):
         """Items a stopped runner left claimed go back to pending; how many."""
@@ -434,11 +438,12 @@ class JobStore:
         return self.execute(
             f"""
             SELECT count(DISTINCT m.origin_id) FROM {MESSAGE} m
-            JOIN {ITEM} i ON i.message_id = m.origin_id
-            WHERE i.job_id = %s AND i.state = 'confirmed' {"AND i.canary" if canary_only else ""}
-              AND m.collected_at >= %s
+            WHERE m.collected_at >= %s AND m.origin_id IS NOT NULL AND EXISTS (
+                SELECT 1 FROM {ITEM} i
+                WHERE i.job_id = %s AND i.message_id = m.origin_id AND i.state = 'confirmed'
+                  {"AND i.canary" if canary_only else ""})
             """,
-            (self.job_id, started_at),
+            (started_at, self.job_id),
         ).fetchone()[0]
 
     def canary_elapsed(self):

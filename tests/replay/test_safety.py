@@ -116,8 +116,8 @@ class Crash(BaseException):
 class CrashingRunner(JobRunner):
     """Dies right after claiming a batch, once 150 messages were confirmed."""
 
-    def _stage(self, claimed, buffer):
-        super()._stage(claimed, buffer)
+    def _stage(self, claimed):
+        super()._stage(claimed)
         if self.confirmed >= 150:
             raise Crash()
 
