@@ -12,7 +12,10 @@ DLQ), then starts a real Celery worker with the collector and times the drain in
 The timer starts at the first stored row, so worker start-up (Django, Celery) is not counted —
 the baseline does not count its imports either. Then runs ``/work/shared/bench/drain_baseline.py``
 with the same N in a subprocess, against its own vhost and database, and prints
-``collector / baseline``. Prints, never asserts.
+``collector / baseline``. With ``--rounds R`` (default 2) the pair runs R times, alternating, and
+the ratio uses the best of each (load from other processes only ever slows a run down). Prints,
+never asserts; also the CPU per message of the collector process and of its PostgreSQL backends
+against the baseline's, which load on the machine disturbs far less than the rates.
 
 RSS: fills N (default 1M) dead letters, drains them with one worker process and prints its
 resident set size every few seconds, then the peak.
@@ -289,6 +292,9 @@ def main():
     parser.add_argument("--prefetch", type=int)
     parser.add_argument("--batch", type=int)
     parser.add_argument(
+        "--rounds", type=int, default=2, help="collector + baseline pairs; best of each is used"
+    )
+    parser.add_argument(
         "--without-search-index",
         action="store_true",
         help="drain again with msg_search_trgm dropped (in the bench database only) to show "
@@ -303,16 +309,26 @@ def main():
     try:
         wire(vhost)
         if not args.rss_only:
-            print(f"collector drain of {args.n} 1 KiB dead letters")
-            print(f"  fill {fill(vhost, args.n):9.0f} msg/s")
-            rate, _, cpu = drain(vhost, args.n, args)
-            print(
-                f"  collector drain DLQ -> store {rate:9.0f} msg/s  (CPU per message: collector "
-                f"{cpu['collector']:.0f} us, its PostgreSQL backends {cpu['postgres']:.0f} us)"
-            )
-            if not args.skip_baseline:
-                baseline, baseline_pg = run_baseline(args.n, management)
-                print(f"  (baseline's PostgreSQL backend: {baseline_pg * 1e6:.0f} us per message)")
+            print(f"collector drain of {args.n} 1 KiB dead letters, {args.rounds} round(s)")
+            rates, baselines = [], []
+            for _round in range(args.rounds):
+                print(f"  fill {fill(vhost, args.n):9.0f} msg/s")
+                rate, _, cpu = drain(vhost, args.n, args)
+                rates.append(rate)
+                print(
+                    f"  collector drain DLQ -> store {rate:9.0f} msg/s  (CPU per message: "
+                    f"collector {cpu['collector']:.0f} us, its PostgreSQL backends "
+                    f"{cpu['postgres']:.0f} us)"
+                )
+                if not args.skip_baseline:
+                    baseline, baseline_pg = run_baseline(args.n, management)
+                    baselines.append(baseline)
+                    print(f"  (baseline's PostgreSQL backend: {baseline_pg * 1e6:.0f} us/message)")
+                    print(f"  this round: collector / baseline = {rate / baseline:.2f}")
+            rate = max(rates)
+            if baselines:
+                baseline = max(baselines)
+                # Best of each: other load on the machine only ever slows a run down.
                 print(f"collector / baseline = {rate:.0f} / {baseline:.0f} = {rate / baseline:.2f}")
             if args.without_search_index:
                 with_index = rate
