@@ -47,6 +47,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
         ),
         ({"group_key": "g", "breaker_threshold_pct": 150}, "breaker_threshold_pct"),
         ({"group_key": "g", "via": "email"}, "via"),
+        (
+            {"group_key": "g", "delay_seconds": 10, "canary_size": 5, "canary_pause_seconds": 5},
+            "canary_pause_seconds",
+        ),
         ({"filters": {"queue": "no.such.queue"}}, "__all__"),  # nothing matches
     ],
 )
