@@ -106,15 +106,15 @@ def create_job(
     options = clean_options(
         rate, canary_size, canary_pause_seconds, canary_max_failure_pct, breaker_threshold_pct, via
     )
-    if options["canary_size"] and target.delay_seconds:
-        if options["canary_pause_seconds"] <= target.delay_seconds:
-            # The canary would be judged before its messages even reached the consumer.
-            raise ValidationError(
-                {
-                    "canary_pause_seconds": "with a delay, the canary pause must be longer than "
-                    f"the delay ({target.delay_seconds}s)"
-                }
-            )
+    delay = target.delay_seconds or 0
+    if options["canary_size"] and delay and options["canary_pause_seconds"] <= delay:
+        # The canary would be judged before its messages even reached the consumer.
+        raise ValidationError(
+            {
+                "canary_pause_seconds": "with a delay, the canary pause must be longer than the "
+                f"delay ({delay}s)"
+            }
+        )
     if not selection_queryset(data, ids, group, statuses).exists():
         raise ValidationError(
             {NON_FIELD_ERRORS: "no replayable message matches (" + ", ".join(statuses) + ")"}
