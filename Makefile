@@ -1,4 +1,4 @@
-.PHONY: setup run test lint bench
+.PHONY: setup run test lint
 
 setup:
 	./scripts/setup.sh
@@ -6,9 +6,12 @@ setup:
 run: setup
 	./scripts/run.sh
 
+# Every test, in two sessions: the disruptive ones restart PostgreSQL / RabbitMQ themselves, so
+# they run after the rest, alone.
 test: setup
 	.venv/bin/ruff check .
-	.venv/bin/python -m pytest
+	.venv/bin/python -m pytest -m "not disruptive"
+	.venv/bin/python -m pytest -m disruptive
 
 lint:
 	.venv/bin/ruff check .

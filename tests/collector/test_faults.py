@@ -167,6 +167,10 @@ def test_all_broker_connections_closed_mid_drain(worker_process, wired):
     assert_exactly_once_and_empty(worker, "fault.amqp", FAULT_N, wired)
 
 
+def postgresql_version():
+    return sorted(os.listdir("/etc/postgresql"), key=lambda v: [int(p) for p in v.split(".")])[-1]
+
+
 @pytest.mark.disruptive
 def test_a_real_postgresql_restart_mid_drain(worker_process, wired):
     """Restarts the shared PostgreSQL: run alone (``-m disruptive``), never beside other suites."""
@@ -175,7 +179,7 @@ def test_a_real_postgresql_restart_mid_drain(worker_process, wired):
 
     def restart_postgresql():
         subprocess.run(
-            ["pg_ctlcluster", "--skip-systemctl-redirect", "15", "main", "restart"],
+            ["pg_ctlcluster", "--skip-systemctl-redirect", postgresql_version(), "main", "restart"],
             check=True,
             capture_output=True,
         )
