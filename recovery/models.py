@@ -11,7 +11,6 @@ import uuid
 
 from django.conf import settings
 from django.contrib.auth.models import Group
-from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 from django.utils import timezone
 
@@ -105,8 +104,10 @@ class Message(models.Model):
     body_size = models.IntegerField()
     content_type = models.CharField(max_length=255, blank=True, default="")
     content_encoding = models.CharField(max_length=255, blank=True, default="")
-    fingerprint = models.CharField(max_length=64, unique=True)
-    group_key = models.CharField(max_length=64, db_index=True)
+    # Unique through Meta.constraints: unique=True would add a varchar_pattern_ops twin index
+    # that nothing queries and every insert pays for.
+    fingerprint = models.CharField(max_length=64)
+    group_key = models.CharField(max_length=64)
     group_label = models.TextField(blank=True, default="")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     status_reason = models.TextField(blank=True, default="")
@@ -125,6 +126,9 @@ class Message(models.Model):
 
     class Meta:
         ordering = ["-collected_at", "-id"]
+        # Every index here is paid by each collected row and, since status is indexed, by each
+        # replay's status update (no HOT updates): keep only what a page or query uses.
+        constraints = [models.UniqueConstraint(fields=["fingerprint"], name="msg_fingerprint")]
         indexes = [
             models.Index(fields=["-collected_at", "-id"], name="msg_newest"),
             models.Index(fields=["kind", "-collected_at", "-id"], name="msg_kind_newest"),
@@ -134,7 +138,6 @@ class Message(models.Model):
             models.Index(fields=["source_exchange", "-collected_at"], name="msg_exchange_newest"),
             models.Index(fields=["message_id"], name="msg_message_id"),
             models.Index(fields=["correlation_id"], name="msg_correlation_id"),
-            GinIndex(fields=["headers"], name="msg_headers_gin", opclasses=["jsonb_path_ops"]),
             # Failure-group pages: first/last seen and the newest messages of one group.
             models.Index(fields=["group_key", "-collected_at", "-id"], name="msg_group_newest"),
             # The trigram search index over ids, headers and body text is an expression index
