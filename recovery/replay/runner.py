@@ -182,9 +182,17 @@ class JobRunner:
             job.total = self.store.populate(sql, params, job.canary_size)
             log.info("replay job %s: %s messages", job.pk, job.total)
         reclaimed = self.store.reclaim()
-        if reclaimed:
-            log.warning("replay job %s: took over %s claimed messages", job.pk, reclaimed)
-            self._activity("job_taken_over", {"runner": self.runner_id, "reclaimed": reclaimed})
+        previous = self.store.previous_runner
+        if reclaimed or (previous and previous != self.runner_id):
+            # A crashed runner's lease expired: say so even when it died between two claims
+            # and left nothing to re-send.
+            log.warning(
+                "replay job %s: took over from %r, %s claimed messages", job.pk, previous, reclaimed
+            )
+            self._activity(
+                "job_taken_over",
+                {"runner": self.runner_id, "previous": previous, "reclaimed": reclaimed},
+            )
         self.target = Target.of_job(job)
         self.user_id = job.created_by_id
         self.replayed_by = job.created_by.get_username() if job.created_by_id else "lazarus"

@@ -91,6 +91,7 @@ class JobStore:
         self.runner_id = runner_id
         self.conninfo = conninfo or database_conninfo()
         self.pg = None
+        self.previous_runner = None
 
     def connect(self):
         if self.pg is None or self.pg.closed:
@@ -112,19 +113,25 @@ class JobStore:
     # ---- the lease ------------------------------------------------------------------------
 
     def acquire(self, token, lease_seconds):
-        """Take the job if it is queued/running and nobody holds a live lease; the job row."""
+        """Take the job if it is queued/running and nobody holds a live lease.
+
+        On success ``self.previous_runner`` is the runner whose lease this replaces ('' when the
+        job was free), so the caller can tell a takeover after a crash from a fresh start.
+        """
         row = self.execute(
             f"""
             UPDATE {JOB} SET runner = %(me)s, heartbeat_at = now(), state = 'running',
                    started_at = coalesce(started_at, now()), finished_at = NULL
+            FROM (SELECT runner AS previous FROM {JOB} WHERE id = %(id)s FOR UPDATE) prev
             WHERE id = %(id)s AND (%(token)s::uuid IS NULL OR token = %(token)s::uuid)
               AND state IN ('queued', 'running')
               AND (runner = '' OR heartbeat_at IS NULL
                    OR heartbeat_at < now() - make_interval(secs => %(lease)s))
-            RETURNING runner
+            RETURNING prev.previous
             """,
             {"me": self.runner_id, "id": self.job_id, "token": token, "lease": lease_seconds},
         ).fetchone()
+        self.previous_runner = row[0] if row is not None else None
         return row is not None
 
     def peek(self):
