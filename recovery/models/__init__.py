@@ -1,0 +1,63 @@
+"""The recovery app's models, split where the domain splits; import them from here.
+
+- store: the recovery store (Message, its counts, collector heartbeats)
+- access: roles, API tokens, idempotency keys, rate windows, the activity log
+- replay: replay attempts, bulk jobs and their items, edited versions
+- audit: nightly audit runs, windows, evidence, input gaps
+"""
+
+from recovery.models.access import (
+    ROLE_ORDER,
+    Activity,
+    ApiRateWindow,
+    ApiToken,
+    IdempotencyKey,
+    Role,
+    has_role,
+    hash_token,
+    role_of,
+    set_role,
+)
+from recovery.models.audit import AuditEvidence, AuditInputGap, AuditRun, AuditWindow
+from recovery.models.replay import MessageEdit, ReplayAttempt, ReplayJob, ReplayJobItem
+from recovery.models.store import (
+    COUNT_KEY_SQL,
+    REBUILD_COUNTS_SQL,
+    CollectorHeartbeat,
+    Kind,
+    Message,
+    MessageCount,
+    Reason,
+    Status,
+    default_target_of,
+)
+
+__all__ = [
+    "COUNT_KEY_SQL",
+    "REBUILD_COUNTS_SQL",
+    "ROLE_ORDER",
+    "Activity",
+    "ApiRateWindow",
+    "ApiToken",
+    "AuditEvidence",
+    "AuditInputGap",
+    "AuditRun",
+    "AuditWindow",
+    "CollectorHeartbeat",
+    "IdempotencyKey",
+    "Kind",
+    "Message",
+    "MessageCount",
+    "MessageEdit",
+    "Reason",
+    "ReplayAttempt",
+    "ReplayJob",
+    "ReplayJobItem",
+    "Role",
+    "Status",
+    "default_target_of",
+    "has_role",
+    "hash_token",
+    "role_of",
+    "set_role",
+]

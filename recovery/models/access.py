@@ -1,0 +1,148 @@
+"""Who may do what: roles, API tokens (hashed), idempotency keys, rate windows, activity."""
+
+import hashlib
+import secrets
+
+from django.conf import settings
+from django.contrib.auth.models import Group
+from django.db import models
+from django.utils import timezone
+
+
+class Role(models.TextChoices):
+    VIEWER = "viewer"
+    OPERATOR = "operator"
+    ADMIN = "admin"
+
+
+ROLE_ORDER = [Role.VIEWER, Role.OPERATOR, Role.ADMIN]
+
+
+def role_of(user):
+    """The strongest role a user holds (superusers are admins); None when the user has none."""
+    if not user or not user.is_authenticated:
+        return None
+    if user.is_superuser:
+        return Role.ADMIN
+    names = set(user.groups.values_list("name", flat=True))
+    for role in reversed(ROLE_ORDER):
+        if role.value in names:
+            return role
+    return None
+
+
+def has_role(user, minimum):
+    role = role_of(user)
+    return role is not None and ROLE_ORDER.index(role) >= ROLE_ORDER.index(Role(minimum))
+
+
+def set_role(user, role):
+    role = Role(role)
+    groups = [Group.objects.get_or_create(name=r.value)[0] for r in ROLE_ORDER]
+    user.groups.remove(*groups)
+    user.groups.add(next(g for g in groups if g.name == role.value))
+
+
+class Activity(models.Model):
+    """Who did what: every replay, edit, discard, job and role change."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    action = models.CharField(max_length=32)
+    message = models.ForeignKey(
+        "recovery.Message",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="activity",
+    )
+    job = models.ForeignKey("recovery.ReplayJob", null=True, blank=True, on_delete=models.SET_NULL)
+    detail = models.JSONField(default=dict, blank=True)
+    via = models.CharField(max_length=8, default="console")  # console | api | system
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name_plural = "activity"
+        # The activity page filters by action (one row per replayed message: millions).
+        indexes = [models.Index(fields=["action", "-created_at"], name="activity_action_newest")]
+
+
+def hash_token(raw):
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+class ApiToken(models.Model):
+    """An API token. Only its SHA-256 is stored; the key is shown once, at creation."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
+    name = models.CharField(max_length=100, blank=True, default="")
+    prefix = models.CharField(max_length=8)
+    digest = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    @classmethod
+    def issue(cls, user, name=""):
+        raw = "lz_" + secrets.token_urlsafe(32)
+        token = cls.objects.create(user=user, name=name, prefix=raw[:8], digest=hash_token(raw))
+        return token, raw
+
+    @classmethod
+    def authenticate(cls, raw):
+        token = (
+            cls.objects.select_related("user")
+            .filter(digest=hash_token(raw), revoked_at__isnull=True, user__is_active=True)
+            .first()
+        )
+        if token is not None:
+            cls.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
+        return token
+
+    def revoke(self):
+        self.revoked_at = timezone.now()
+        self.save(update_fields=["revoked_at"])
+
+
+class IdempotencyKey(models.Model):
+    """An API client's ``Idempotency-Key`` on a POST that sends messages (recovery.api).
+
+    The first request with a key claims the row (``status_code`` null while it runs); its response
+    is stored, and a retry with the same key, user and request gets that response back instead of
+    publishing again. Rows expire after ``IDEMPOTENCY_TTL_HOURS``.
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
+    key = models.CharField(max_length=255)
+    # SHA-256 of method, path and canonical JSON body: the same key on another request is an error.
+    request_hash = models.CharField(max_length=64)
+    method = models.CharField(max_length=8)
+    path = models.CharField(max_length=500)
+    status_code = models.IntegerField(null=True, blank=True)
+    response = models.JSONField(null=True, blank=True)
+    # Headers the retry must get back too (Location of a created job).
+    response_headers = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "key"], name="idempotency_user_key")]
+
+
+class ApiRateWindow(models.Model):
+    """Requests one API token made in one fixed window: the per-token rate limit's counter.
+
+    A row in PostgreSQL (atomic upsert) rather than a per-process cache, so the limit holds
+    across every web process and machine.
+    """
+
+    scope = models.CharField(max_length=64)  # "token:<id>" or "user:<id>" (session clients)
+    window_start = models.DateTimeField()
+    count = models.IntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["scope", "window_start"], name="rate_window_unique")
+        ]

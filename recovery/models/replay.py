@@ -1,0 +1,230 @@
+"""Replays: attempts, bulk jobs and their items, edited versions."""
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from recovery.models.store import Message
+
+
+class ReplayAttempt(models.Model):
+    class Outcome(models.TextChoices):
+        CONFIRMED = "confirmed"
+        RETURNED = "returned"
+        NACKED = "nacked"
+        FAILED = "failed"
+
+    message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="attempts")
+    job = models.ForeignKey(
+        "ReplayJob",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="attempts",
+    )
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    exchange = models.CharField(max_length=255, blank=True, default="")
+    routing_key = models.CharField(max_length=255, blank=True, default="")
+    outcome = models.CharField(max_length=16, choices=Outcome.choices)
+    detail = models.TextField(blank=True, default="")
+    edited = models.BooleanField(default=False)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+
+class ReplayJob(models.Model):
+    """A bulk replay: a selection snapshot, a target, a rate, and its progress.
+
+    The engine is ``recovery.replay.runner.JobRunner`` (run by the Celery task
+    ``recovery.tasks.run_replay_job``); jobs are made by ``recovery.jobs.create_job``. One runner
+    holds a job at a time (``runner`` + ``heartbeat_at`` form its lease); the messages it covers are
+    ``ReplayJobItem`` rows, claimed in batches with ``FOR UPDATE SKIP LOCKED``.
+    """
+
+    class State(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        PAUSED = "paused"
+        CANCELLED = "cancelled"
+        DONE = "done"
+        FAILED = "failed"
+
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    filters = models.JSONField(default=dict, blank=True)
+    message_ids = models.JSONField(default=list, blank=True)
+    group_key = models.CharField(max_length=64, blank=True, default="")
+    target_exchange = models.CharField(max_length=255, blank=True, null=True)
+    target_routing_key = models.CharField(max_length=255, blank=True, null=True)
+    rate = models.FloatField(null=True, blank=True)
+    include_poisoned = models.BooleanField(default=False)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED)
+    state_reason = models.TextField(blank=True, default="")
+    total = models.IntegerField(default=0)
+    sent = models.IntegerField(default=0)
+    confirmed = models.IntegerField(default=0)
+    returned = models.IntegerField(default=0)
+    failed = models.IntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+
+    # Target (DESIGN.md "Replay semantics"): none of these = each message's default target.
+    target_queue = models.CharField(max_length=255, blank=True, null=True)
+    delay_seconds = models.IntegerField(null=True, blank=True)
+    via = models.CharField(max_length=8, default="console", db_default="console")
+    # Statuses a message may have to be sent by this job, fixed at creation (recovery.jobs).
+    allowed_statuses = models.JSONField(default=list, blank=True, db_default=[])
+    # Canary: the first canary_size messages, then a pause, then continue only if fewer than
+    # canary_max_failure_pct % of them came back dead-lettered.
+    canary_size = models.IntegerField(default=0, db_default=0)
+    canary_pause_seconds = models.FloatField(default=0, db_default=0)
+    canary_max_failure_pct = models.FloatField(null=True, blank=True)
+    canary_sent_at = models.DateTimeField(null=True, blank=True)
+    canary_passed_at = models.DateTimeField(null=True, blank=True)
+    # Circuit breaker: pause when this share (%) of the replayed messages dies again. Counted
+    # from the base values, which a resume moves up to "now".
+    breaker_threshold_pct = models.FloatField(null=True, blank=True)
+    breaker_base_confirmed = models.IntegerField(default=0, db_default=0)
+    breaker_base_dead = models.IntegerField(default=0, db_default=0)
+    # Progress beyond the foundation counters.
+    skipped = models.IntegerField(default=0, db_default=0)
+    dead_again = models.IntegerField(default=0, db_default=0)
+    in_flight = models.IntegerField(default=0, db_default=0)
+    # The runner's lease: who runs it, renewed through heartbeat_at; the task message carries
+    # the token so a worker attached to another database never runs a job with the same id.
+    runner = models.CharField(max_length=128, blank=True, default="", db_default="")
+    token = models.UUIDField(default=uuid.uuid4, editable=False)
+    enqueued_at = models.DateTimeField(null=True, blank=True)
+    populated_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["state", "heartbeat_at"], name="job_state_heartbeat")]
+
+    def __str__(self):
+        return f"replay job #{self.pk} ({self.state})"
+
+    @property
+    def is_active(self):
+        """True while the job still sends on its own (queued or running); paused needs a resume."""
+        return self.state in (self.State.QUEUED, self.State.RUNNING)
+
+    @property
+    def progress(self):
+        """Counts for progress bars: total, sent, confirmed, returned, failed, skipped, in_flight,
+        remaining, dead_again (replayed then dead-lettered again), percent (0-100), state, reason.
+        ``sent`` includes messages still waiting for the broker's confirm."""
+        finished = self.confirmed + self.returned + self.failed + self.skipped
+        live = self.in_flight if self.state == self.State.RUNNING else 0
+        return {
+            "state": self.state,
+            "reason": self.state_reason,
+            "total": self.total,
+            "sent": self.sent + live,
+            "confirmed": self.confirmed,
+            "returned": self.returned,
+            "failed": self.failed,
+            "skipped": self.skipped,
+            "in_flight": live,
+            "remaining": max(self.total - finished, 0),
+            "dead_again": self.dead_again,
+            "percent": round(100.0 * finished / self.total, 1) if self.total else 0.0,
+        }
+
+    def cancel(self, user, via="console"):
+        """Stop the job for good. Messages not yet sent stay as they are (pending).
+
+        Raises recovery.replay.JobStateError if it already ended. A running job stops within a
+        second: what is in flight is confirmed and recorded first. Logged as ``job_cancel``.
+        """
+        from recovery.jobs import cancel_job
+
+        return cancel_job(self, user, via)
+
+    def resume(self, user, via="console"):
+        """Continue a paused job (canary or circuit breaker pause, or a manual pause).
+
+        Resuming after a canary pause counts as the operator accepting the canary; after a
+        breaker pause the breaker counts afresh from now. Raises JobStateError unless paused.
+        Logged as ``job_resume``.
+        """
+        from recovery.jobs import resume_job
+
+        return resume_job(self, user, via)
+
+
+class ReplayJobItem(models.Model):
+    """One message of a job: the job's snapshot of its selection and each message's outcome."""
+
+    class State(models.TextChoices):
+        PENDING = "pending"  # not sent yet
+        CLAIMED = "claimed"  # held by the job's runner (being sent); no one else may touch it
+        CONFIRMED = "confirmed"
+        RETURNED = "returned"
+        NACKED = "nacked"
+        FAILED = "failed"
+        SKIPPED = "skipped"  # changed since the snapshot (discarded, replayed elsewhere ...)
+
+    job = models.ForeignKey(ReplayJob, on_delete=models.CASCADE, related_name="items")
+    message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="job_items")
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    canary = models.BooleanField(default=False)
+    # The message's replay_count when the job was made: a job never sends a message someone
+    # replayed after that (it would be a double send).
+    snapshot_replay_count = models.IntegerField(default=0)
+    claimed_by = models.CharField(max_length=128, blank=True, default="")
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    detail = models.TextField(blank=True, default="")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "message"], name="job_item_unique"),
+        ]
+        indexes = [
+            models.Index(fields=["job", "state", "id"], name="job_item_claim"),
+            # "Is this message held by a job right now?" (one-click replay, discard, other jobs)
+            models.Index(
+                fields=["message"],
+                name="job_item_held",
+                condition=models.Q(state="claimed"),
+            ),
+        ]
+
+
+class MessageEdit(models.Model):
+    """An edited version of a message that was replayed (recovery.replay.edit_and_replay).
+
+    The stored message is never changed; this keeps what was sent instead, and who edited it.
+    """
+
+    message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="edits")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    # Tagged JSON (recovery.headers), like Message.headers; null = the original headers.
+    headers = models.JSONField(null=True, blank=True)
+    body = models.BinaryField(null=True, blank=True)  # null = the original body
+    exchange = models.CharField(max_length=255, blank=True, null=True)
+    routing_key = models.CharField(max_length=255, blank=True, null=True)
+    attempt = models.OneToOneField(
+        ReplayAttempt,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="edit",
+    )
+    via = models.CharField(max_length=8, default="console")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]

@@ -1,0 +1,275 @@
+"""The recovery store: one Message row per collected message, and its counts."""
+
+import datetime
+
+from django.db import models
+from django.utils import timezone
+
+from recovery import headers as header_codec
+
+
+class Kind(models.TextChoices):
+    DEAD_LETTER = "dead_letter"
+    UNROUTABLE = "unroutable"
+    RETURNED = "returned"
+    NACKED = "nacked"
+    UNCONFIRMED = "unconfirmed"
+
+
+class Reason(models.TextChoices):
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    MAXLEN = "maxlen"
+    DELIVERY_LIMIT = "delivery_limit"
+    NO_ROUTE = "no_route"
+    NACK = "nack"
+    TIMEOUT = "timeout"
+    UNKNOWN = "unknown"
+
+
+class Status(models.TextChoices):
+    PENDING = "pending"
+    REPLAYING = "replaying"
+    REPLAYED = "replayed"
+    DISCARDED = "discarded"
+    POISONED = "poisoned"
+
+
+def default_target_of(kind, source_queue, source_exchange, routing_keys):
+    """Message.default_target for raw column values (bulk replay reads rows, not models)."""
+    if kind == Kind.DEAD_LETTER and source_queue:
+        return "", source_queue
+    return source_exchange, (routing_keys[0] if routing_keys else "")
+
+
+class Message(models.Model):
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    vhost = models.CharField(max_length=255, default="/")
+    source_queue = models.CharField(max_length=255, blank=True, default="")
+    source_exchange = models.CharField(max_length=255, blank=True, default="")
+    routing_keys = models.JSONField(default=list)
+    reason = models.CharField(max_length=16, choices=Reason.choices, default=Reason.UNKNOWN)
+    death_count = models.IntegerField(default=0)
+    first_death_at = models.DateTimeField(null=True, blank=True)
+    last_death_at = models.DateTimeField(null=True, blank=True)
+    message_id = models.CharField(max_length=255, blank=True, default="")
+    correlation_id = models.CharField(max_length=255, blank=True, default="")
+    # All AMQP basic properties except headers, JSON-encoded with recovery.headers.
+    properties = models.JSONField(default=dict)
+    headers = models.JSONField(default=dict)
+    body = models.BinaryField()
+    body_size = models.IntegerField()
+    content_type = models.CharField(max_length=255, blank=True, default="")
+    content_encoding = models.CharField(max_length=255, blank=True, default="")
+    # Unique through Meta.constraints: unique=True would add a varchar_pattern_ops twin index
+    # that nothing queries and every insert pays for.
+    fingerprint = models.CharField(max_length=64)
+    group_key = models.CharField(max_length=64)
+    group_label = models.TextField(blank=True, default="")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    status_reason = models.TextField(blank=True, default="")
+    replay_count = models.IntegerField(default=0)
+    # A replayed message that died again points at the record it was replayed from.
+    origin = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="returns"
+    )
+    collected_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+    last_replayed_at = models.DateTimeField(null=True, blank=True)
+    # Soft discard (recovery.replay.discard_message): restore puts back the status it had.
+    # db_default because the collector inserts rows with raw SQL naming only its own columns.
+    discarded_at = models.DateTimeField(null=True, blank=True)
+    status_before_discard = models.CharField(max_length=16, blank=True, default="", db_default="")
+
+    class Meta:
+        ordering = ["-collected_at", "-id"]
+        # Every index here is paid by each collected row and, since status is indexed, by each
+        # replay's status update (no HOT updates): keep only what a page or query uses.
+        constraints = [models.UniqueConstraint(fields=["fingerprint"], name="msg_fingerprint")]
+        indexes = [
+            models.Index(fields=["-collected_at", "-id"], name="msg_newest"),
+            models.Index(fields=["kind", "-collected_at", "-id"], name="msg_kind_newest"),
+            models.Index(fields=["status", "-collected_at", "-id"], name="msg_status_newest"),
+            models.Index(fields=["source_queue", "-collected_at", "-id"], name="msg_queue_newest"),
+            models.Index(fields=["reason", "-collected_at", "-id"], name="msg_reason_newest"),
+            models.Index(fields=["source_exchange", "-collected_at"], name="msg_exchange_newest"),
+            models.Index(fields=["message_id"], name="msg_message_id"),
+            models.Index(fields=["correlation_id"], name="msg_correlation_id"),
+            # Failure-group pages: first/last seen and the newest messages of one group.
+            models.Index(fields=["group_key", "-collected_at", "-id"], name="msg_group_newest"),
+            # The trigram search index over ids, headers and body text is an expression index
+            # created in migration 0004 (recovery.filters.SEARCH_DOCUMENT_SQL).
+        ]
+
+    def __str__(self):
+        return f"{self.kind} {self.message_id or self.pk} from {self.source_queue}"
+
+    @property
+    def wire_headers(self):
+        return header_codec.headers_from_json(self.headers)
+
+    @property
+    def x_death(self):
+        return [header_codec.plain(entry) for entry in self.headers.get("x-death", [])]
+
+    @property
+    def body_bytes(self):
+        return bytes(self.body)
+
+    @property
+    def is_replayable(self):
+        return self.status in (Status.PENDING, Status.POISONED, Status.REPLAYED)
+
+    def default_target(self):
+        """(exchange, routing_key) of the default replay target, per DESIGN.md.
+
+        A dead letter goes back to the queue it died in through the default exchange, so a fanout
+        is never re-fanned to queues that already consumed it. Unroutable and returned messages go
+        back to their original exchange and routing key.
+        """
+        return default_target_of(
+            self.kind, self.source_queue, self.source_exchange, self.routing_keys
+        )
+
+
+class CollectorHeartbeat(models.Model):
+    """One row per running collector thread, upserted every few seconds (healthz, console)."""
+
+    worker = models.CharField(max_length=255)
+    vhost = models.CharField(max_length=255)
+    queue = models.CharField(max_length=255)
+    collected = models.BigIntegerField(default=0)
+    duplicates = models.BigIntegerField(default=0)
+    quarantined = models.BigIntegerField(default=0)
+    errors = models.BigIntegerField(default=0)
+    last_error = models.TextField(blank=True, default="")
+    # Messages stored per second between the last two heartbeats.
+    rate = models.FloatField(default=0.0)
+    last_collected_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["worker", "vhost", "queue"], name="heartbeat_unique")
+        ]
+
+
+class MessageCount(models.Model):
+    """Message counts per hour x vhost x kind x source x reason x status x failure group.
+
+    Written only by statement-level triggers on ``recovery_message`` (migration 0004): every
+    INSERT/UPDATE/DELETE appends its net change as delta rows, so writers never contend for a
+    counter row. Readers sum the rows; ``compact()`` folds the deltas together now and then.
+    The overview and failure-group pages read this instead of aggregating a million messages.
+    ``hour`` is the UTC hour of collection; once compact() folded it, the UTC day (midnight).
+    """
+
+    hour = models.DateTimeField()
+    vhost = models.CharField(max_length=255)
+    kind = models.CharField(max_length=16)
+    source_queue = models.CharField(max_length=255)
+    source_exchange = models.CharField(max_length=255)
+    reason = models.CharField(max_length=16)
+    status = models.CharField(max_length=16)
+    group_key = models.CharField(max_length=64)
+    n = models.BigIntegerField()
+
+    # Rows stay hourly from the UTC midnight before (now - HOURLY_FOR) on, which covers the
+    # 24-hour chart; older ones are folded into days.
+    HOURLY_FOR = datetime.timedelta(hours=24)
+    KEY = (
+        "hour",
+        "vhost",
+        "kind",
+        "source_queue",
+        "source_exchange",
+        "reason",
+        "status",
+        "group_key",
+    )
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["hour"], name="msgcount_hour"),
+            models.Index(fields=["group_key"], name="msgcount_group"),
+        ]
+
+    @classmethod
+    def compact(cls):
+        """Fold delta rows with the same key into one row; returns the rows removed.
+
+        Hours older than HOURLY_FOR (whole UTC days) are folded into their day first: ``hour``
+        is then the day's midnight, which is all the 7-day chart needs, and a month of history
+        costs a day's worth of rows per day instead of 24. Only keys with more than one row (or
+        a zero sum) are rewritten. Rows another transaction commits meanwhile are not in this
+        statement's snapshot and stay as they are, so the sums stay right. One compactor at a
+        time (advisory lock); others return at once.
+        """
+        from django.db import connection, transaction
+
+        key = ", ".join(cls.KEY)
+        table = cls._meta.db_table
+        with transaction.atomic(), connection.cursor() as cur:
+            cur.execute("SELECT pg_try_advisory_xact_lock(hashtext('recovery_messagecount'))")
+            if not cur.fetchone()[0]:
+                return 0
+            rest = ", ".join(cls.KEY[1:])
+            cur.execute(
+                f"""
+                WITH old AS (
+                    DELETE FROM {table}
+                    WHERE hour < date_trunc('day', now() - %s * interval '1 hour', 'UTC')
+                      AND hour <> date_trunc('day', hour, 'UTC')
+                    RETURNING {key}, n
+                ), days AS (
+                    INSERT INTO {table} ({key}, n)
+                    SELECT date_trunc('day', hour, 'UTC'), {rest}, sum(n) FROM old
+                    GROUP BY date_trunc('day', hour, 'UTC'), {rest} HAVING sum(n) <> 0
+                    RETURNING 1
+                )
+                SELECT (SELECT count(*) FROM old) - (SELECT count(*) FROM days)
+                """,
+                [cls.HOURLY_FOR.total_seconds() / 3600],
+            )
+            removed = cur.fetchone()[0]
+            cur.execute(
+                f"""
+                WITH busy AS (
+                    SELECT {key} FROM {table} GROUP BY {key} HAVING count(*) > 1 OR sum(n) = 0
+                ), gone AS (
+                    DELETE FROM {table} c USING busy b
+                    WHERE {" AND ".join(f"c.{k} = b.{k}" for k in cls.KEY)}
+                    RETURNING {", ".join(f"c.{k}" for k in cls.KEY)}, c.n
+                ), folded AS (
+                    INSERT INTO {table} ({key}, n)
+                    SELECT {key}, sum(n) FROM gone GROUP BY {key} HAVING sum(n) <> 0
+                    RETURNING 1
+                )
+                SELECT (SELECT count(*) FROM gone) - (SELECT count(*) FROM folded)
+                """
+            )
+            return removed + cur.fetchone()[0]
+
+    @classmethod
+    def rebuild(cls):
+        """Recount from the messages themselves (after a restore, or to check the triggers)."""
+        from django.db import connection, transaction
+
+        table = cls._meta.db_table
+        with transaction.atomic(), connection.cursor() as cur:
+            cur.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
+            cur.execute(f"DELETE FROM {table}")
+            cur.execute(REBUILD_COUNTS_SQL)
+
+
+# The hour bucket is UTC whatever the session time zone of the writer (the collector's psycopg
+# connection does not set one).
+COUNT_KEY_SQL = (
+    "date_trunc('hour', collected_at, 'UTC'), vhost, kind, source_queue, source_exchange, "
+    "reason, status, group_key"
+)
+REBUILD_COUNTS_SQL = f"""
+    INSERT INTO recovery_messagecount ({", ".join(MessageCount.KEY)}, n)
+    SELECT {COUNT_KEY_SQL}, count(*) FROM recovery_message GROUP BY 1, 2, 3, 4, 5, 6, 7, 8
+"""
