@@ -19,7 +19,8 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark import metrics, transforms
+from spark import log_facts, metrics, transforms
+from spark.ids import number_ids
 from spark.schema import (
     CONSUMER_LOG_SCHEMA,
     CONSUMER_REQUIRED,
@@ -126,71 +127,93 @@ def audit_frames(
 ) -> dict[str, DataFrame]:
     """The audit over parsed inputs (``read_logs`` frames, store export, ``bindings_frame``).
 
-    Two small jobs summarise the logs (collected on the driver); one job shuffles every line by
-    message_id and persists the pair and orphan rows (``facts``), which every output reads.
-    Call ``spark.catalog.clearCache()`` once the outputs are written.
+    Small jobs summarise the logs onto the driver (``spark/log_facts.py``); one job shuffles
+    the lines by message_id, builds the pairs and persists their ``metrics.rollup``, which every
+    output reads. Call ``spark.catalog.clearCache()`` once the outputs are written.
     """
+    spark = producer_raw.sparkSession
     grace_hours = math.ceil(grace_ms / HOUR_MS)
     day_end_hour_ms = day_start_ms + 24 * HOUR_MS
-    producer_summary = on_driver(
-        transforms.log_summary(
+    # One job reads both logs for their small facts.
+    summaries = on_driver(
+        log_facts.log_summary(
             producer_raw,
             "producer",
+            F.lit("producer").alias("source"),
             F.col("exchange"),
             F.coalesce("routing_key", F.lit("")).alias("routing_key"),
+        ).unionByName(
+            log_facts.log_summary(
+                consumer_raw,
+                "consumer",
+                F.lit("consumer").alias("source"),
+                F.col("consumer_group"),
+                F.col("queue"),
+            ),
+            allowMissingColumns=True,
         )
     )
-    consumer_summary = on_driver(
-        transforms.log_summary(consumer_raw, "consumer", F.col("consumer_group"), F.col("queue"))
+    producer_summary = summaries.where(F.col("source") == "producer").drop(
+        "source", "consumer_group", "queue"
     )
-    expected = on_driver(
-        transforms.expected_groups(transforms.published_keys(producer_summary), binding_rows)
+    consumer_summary = summaries.where(F.col("source") == "consumer").drop(
+        "source", "exchange", "routing_key"
     )
+    keys = log_facts.published_keys(producer_summary)
+    expected = keys.join(
+        log_facts.expected_groups(keys, binding_rows), on=["exchange", "routing_key"], how="left"
+    ).collect()
+    groups = [
+        row.consumer_group
+        for row in consumer_summary.where(~F.col("malformed")).select("consumer_group").collect()
+    ]
+    ids = number_ids(spark, groups, expected)
     gaps = on_driver(
-        transforms.input_gaps(
-            transforms.process_hours(producer_summary, "producer"), day_start_ms, day_end_hour_ms
+        log_facts.input_gaps(
+            log_facts.process_hours(producer_summary, "producer"), day_start_ms, day_end_hour_ms
         ).unionByName(
-            transforms.input_gaps(
-                transforms.process_hours(consumer_summary, "consumer"),
+            log_facts.input_gaps(
+                log_facts.process_hours(consumer_summary, "consumer"),
                 day_start_ms,
                 day_end_hour_ms + grace_hours * HOUR_MS,
             )
         )
     )
-    malformed = on_driver(
-        transforms.malformed_hours(
-            producer_summary.unionByName(consumer_summary, allowMissingColumns=True),
-            day_start_ms,
+    gap_window = on_driver(
+        log_facts.gap_windows(gaps, grace_ms)
+        .join(ids.groups, on="consumer_group", how="left")
+        .select("window_ms", "gid")
+    )
+    malformed = on_driver(log_facts.malformed_hours(summaries, day_start_ms))
+    producers = transforms.by_message(
+        transforms.keyed_producer_lines(
+            transforms.valid_lines(producer_raw), ids.keys, day_start_ms
         )
     )
-    lines = transforms.audit_lines(
-        transforms.valid_lines(producer_raw).select(
-            "message_id", "ts", "attempt", "exchange", "routing_key", "outcome"
-        ),
-        transforms.valid_lines(consumer_raw).select(
-            "message_id", "consumer_group", "consumer", "ts", "redelivered", "outcome"
-        ),
-        transforms.store_rows(store, transforms.queue_groups(consumer_summary, binding_rows)),
+    consumers = transforms.by_message(
+        transforms.grouped_consumer_lines(transforms.valid_lines(consumer_raw), ids.groups)
     )
-    messages = transforms.with_expected_groups(transforms.per_message(lines), expected)
+    messages = transforms.with_expected(
+        transforms.per_message(producers, consumers, ids.words), ids.keys
+    )
+    pairs = transforms.pairs(
+        transforms.pair_contributions(messages, consumers, day_start_ms, grace_ms, ids.words)
+    )
+    stored = transforms.store_rows(
+        store, log_facts.queue_groups(consumer_summary, binding_rows), ids.groups
+    )
     facts = transforms.mark_gaps(
-        transforms.classify_pairs(
-            transforms.pair_and_orphan_rows(messages, day_start_ms, grace_ms)
-        ),
-        transforms.gap_windows(gaps, grace_ms),
-    ).persist(StorageLevel.MEMORY_AND_DISK)
-    pairs = facts.where(~F.col("orphan"))
-    orphans = facts.where(F.col("orphan")).select(
-        "window_ms", "consumer_group", "message_id", "consumer", F.col("line_ts").alias("ts")
+        transforms.classify_pairs(transforms.with_store(pairs, stored)), gap_window
     )
+    rolled = metrics.rollup(facts, grace_ms, now_ms).persist(StorageLevel.MEMORY_AND_DISK)
     return {
         "windows": metrics.window_metrics(
-            pairs, orphans, malformed, gaps, day_start_ms, grace_ms, sla_ms, now_ms
+            rolled, ids, malformed, gaps, day_start_ms, grace_ms, sla_ms, now_ms
         ),
-        "totals": metrics.totals(pairs, orphans, malformed, gaps, grace_ms, sla_ms, now_ms),
-        "lost": metrics.lost_evidence(pairs, grace_ms, now_ms),
-        "duplicates": metrics.duplicate_evidence(pairs),
-        "orphans": metrics.orphan_evidence(orphans),
+        "totals": metrics.totals(rolled, malformed, gaps, grace_ms, sla_ms, now_ms),
+        "lost": metrics.lost_evidence(rolled, ids),
+        "duplicates": metrics.duplicate_evidence(rolled, ids),
+        "orphans": metrics.orphan_evidence(rolled, ids),
         "input_gaps": metrics.gap_evidence(gaps),
     }
 

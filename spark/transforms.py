@@ -57,25 +57,36 @@ malformed    a line that does not parse against the schema, lacks a required fie
              unknown schema version; counted in the window of the file's ``dt``/``hour``.
 """
 
-# How the job computes it (not part of the contract above): producer lines, consumer lines and
-# store rows are shuffled ONCE, by message_id, and folded into one row per message in a single
-# aggregate (``per_message``); the pairs and the orphan lines come out of that row by a narrow
-# explode (``pair_and_orphan_rows``). Everything else the audit needs from the logs (process
-# hours, malformed lines, routing keys, queues) comes from one small aggregate per log
-# (``log_summary``), small enough to collect on the driver.
+# How the job computes it (not part of the contract above). Producer and consumer lines are
+# shuffled once each, by message_id. One hash aggregate folds them into a row per message
+# (``per_message``: first attempt, state, the groups that logged a line); a hash join hands each
+# consumer line its message's facts (``pair_contributions``); a second hash aggregate sums the
+# lines into pairs (``pairs``). Every aggregation buffer is fixed-width, so both run as generated
+# code: groups and routing keys travel as the small integer ids of ``spark/ids.py``, and a set
+# of groups as a bitmask. The logs' small facts (hours, malformed lines, keys, queues) come from
+# ``spark/log_facts.py``.
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from spark.ids import WORD_BITS
 from spark.schema import HOUR_MS
 
 CONSUMED_OUTCOMES = ("ack", "duplicate_skipped")
 PRODUCER_SIDE_KINDS = ("returned", "unroutable", "nacked", "unconfirmed")
 DEAD_LETTER_REASONS = ("rejected", "expired", "maxlen", "delivery_limit")
+# publish_state as a number: a message's state is the highest of its lines'.
+PUBLISH_STATES = ("unconfirmed", "nacked", "returned", "confirmed")
+LINE_STATES = {"ack": 3, "returned": 2, "nack": 1}
 
-# Where a row of ``audit_lines`` comes from.
-PRODUCER_LINE, CONSUMER_LINE, STORE_ROW = 0, 1, 2
+# A message's attempts are ordered by (ts, attempt) packed into one long, so "the first attempt"
+# is a fixed-width min_by: ts - day start in the high bits (a span of 2^29 ms = 6.2 days) and
+# attempt + 2^31 + 1 in the low 33 bits (attempts are clamped to 32-bit; null attempt = 0).
+# Lines outside the span sort last: they never hold the first attempt of a message of the day.
+ATTEMPT_BITS = 33
+ATTEMPT_ORDER_SPAN_MS = 1 << 29
+LAST = (1 << 63) - 1
 
 STORE_ROW_TYPE = T.StructType(
     [
@@ -84,21 +95,22 @@ STORE_ROW_TYPE = T.StructType(
         T.StructField("kind", T.StringType()),
         T.StructField("reason", T.StringType()),
         T.StructField("replay_count", T.LongType()),
-        T.StructField("covered_group", T.StringType()),
+        T.StructField("covered_gid", T.IntegerType()),
     ]
 )
 
-# One exploded row of ``pair_and_orphan_rows``: a pair's delivery counts, or an orphan line.
-PAIR_TYPE = T.StructType(
+# What one consumer line (or one silent expected group) adds to its pair.
+CONTRIBUTION_TYPE = T.StructType(
     [
-        T.StructField("consumer_group", T.StringType()),
-        T.StructField("deliveries", T.LongType()),
-        T.StructField("redelivered", T.LongType()),
-        T.StructField("late_deliveries", T.LongType()),
-        T.StructField("first_consumed_ts", T.LongType()),
-        T.StructField("last_consumed_ts", T.LongType()),
-        T.StructField("consumer", T.StringType()),
-        T.StructField("line_ts", T.LongType()),
+        T.StructField("gid", T.IntegerType()),
+        T.StructField("deliveries", T.IntegerType()),
+        T.StructField("redelivered", T.IntegerType()),
+        T.StructField("late", T.IntegerType()),
+        T.StructField("consuming_ts", T.LongType()),
+        T.StructField("primary", T.BooleanType()),
+        T.StructField("expected", T.BooleanType()),
+        T.StructField("orphan_consumer", T.StringType()),
+        T.StructField("orphan_ts", T.LongType()),
     ]
 )
 
@@ -107,322 +119,297 @@ def valid_lines(logs: DataFrame) -> DataFrame:
     return logs.where(~F.col("malformed"))
 
 
-def log_summary(logs: DataFrame, process: str, *keys: Column) -> DataFrame:
-    """Line counts per (process, file hour, malformed, keys...): all the audit needs from a log
-    besides its lines. As small as processes x hours x keys, so the driver can hold it."""
-    return logs.groupBy(F.col(process).alias("process"), "file_hour_ms", "malformed", *keys).agg(
-        F.count(F.lit(1)).alias("lines")
-    )
+def hour_of(ts: Column) -> Column:
+    return ts - F.pmod(ts, F.lit(HOUR_MS))
 
 
-def published_keys(producer_summary: DataFrame) -> DataFrame:
-    """Every (exchange, routing_key) of a valid producer line (a superset of first attempts')."""
-    return producer_summary.where(~F.col("malformed")).select("exchange", "routing_key").distinct()
+def by_message(lines: DataFrame) -> DataFrame:
+    """The shuffle: everything about one message_id in one partition."""
+    return lines.repartition("message_id")
 
 
-def expected_groups(keys: DataFrame, bindings: DataFrame) -> DataFrame:
-    """(exchange, routing_key) -> sorted array of the consumer groups bound to receive it.
-
-    Matches the distinct keys only, so the regex join stays as small as the key space.
-    """
-    matched = keys.join(
-        F.broadcast(bindings.select("exchange", "pattern_regex", "consumer_group")),
-        on=[
-            keys["exchange"] == bindings["exchange"],
-            F.regexp_like(keys["routing_key"], bindings["pattern_regex"]),
-        ],
-        how="inner",
-    )
-    return matched.groupBy(keys["exchange"], keys["routing_key"]).agg(
-        F.array_sort(F.collect_set("consumer_group")).alias("expected_groups")
-    )
-
-
-def queue_groups(consumer_summary: DataFrame, bindings: DataFrame) -> DataFrame:
-    """The set of (queue, consumer_group) pairs known from the consumer logs and the bindings."""
-    logged = consumer_summary.where(~F.col("malformed") & F.col("queue").isNotNull()).select(
-        "queue", "consumer_group"
-    )
-    configured = bindings.where(F.col("queue").isNotNull()).select("queue", "consumer_group")
-    return logged.unionByName(configured).distinct()
-
-
-def store_rows(store: DataFrame, queue_group: DataFrame) -> DataFrame:
-    """(message_id, store_row): each store row once per group its source queue belongs to."""
-    rows = store.where(F.col("message_id").isNotNull()).join(
-        F.broadcast(queue_group.withColumnRenamed("queue", "source_queue")),
-        on="source_queue",
+def keyed_producer_lines(
+    producer_lines: DataFrame, keys: DataFrame, day_start_ms: int
+) -> DataFrame:
+    """Valid producer lines as ``per_message`` reads them: key id, attempt order, line state."""
+    lines = producer_lines.withColumn("routing_key", F.coalesce("routing_key", F.lit(""))).join(
+        F.broadcast(keys.select("exchange", "routing_key", "key_id")),
+        on=["exchange", "routing_key"],
         how="left",
     )
-    covered = F.when(F.col("kind") == "dead_letter", F.col("consumer_group"))
+    ts = F.col("ts")
+    attempt = F.least(F.greatest("attempt", F.lit(-(2**31))), F.lit(2**31 - 1)) + (2**31 + 1)
+    in_span = (ts >= day_start_ms) & (ts < day_start_ms + ATTEMPT_ORDER_SPAN_MS)
+    order = F.when(
+        in_span, (ts - day_start_ms) * (1 << ATTEMPT_BITS) + F.coalesce(attempt, F.lit(0))
+    ).otherwise(F.lit(LAST))
+    state = F.lit(0)
+    for outcome, code in LINE_STATES.items():
+        state = F.when(F.col("outcome") == outcome, code).otherwise(state)
+    return lines.select(
+        "message_id",
+        "ts",
+        order.alias("attempt_order"),
+        "key_id",
+        state.cast("byte").alias("state"),
+    )
+
+
+def grouped_consumer_lines(consumer_lines: DataFrame, groups: DataFrame) -> DataFrame:
+    """Valid consumer lines as the pair steps read them: group id, and the rest in ``line``.
+
+    ``per_message`` and ``pair_contributions`` read this frame's shuffle once between them only if
+    both keep every column of it (else column pruning makes two different shuffles), hence one
+    struct that ``per_message`` references whole."""
+    line = F.struct(
+        "consumer",
+        "ts",
+        F.coalesce("redelivered", F.lit(False)).alias("redelivered"),
+        F.col("outcome").isin(*CONSUMED_OUTCOMES).alias("consuming"),
+    )
+    return consumer_lines.join(F.broadcast(groups), on="consumer_group", how="left").select(
+        "message_id", "gid", line.alias("line")
+    )
+
+
+def _bit(gid: Column) -> Column:
+    return F.call_function("shiftleft", F.lit(1).cast("long"), F.pmod(gid, F.lit(WORD_BITS)))
+
+
+def _word(gid: Column) -> Column:
+    return F.floor(gid / WORD_BITS).cast("int")
+
+
+def per_message(producers: DataFrame, consumers: DataFrame, words: int) -> DataFrame:
+    """One row per message_id of either log (both ``by_message``): first attempt time and key,
+    attempts, publish state, and the groups that logged a line (lowest ``min_gid``, bitmask
+    ``seen_0``..). The union keeps the shuffles' partitioning, so this adds no shuffle."""
+    none = {
+        "ts": "long",
+        "attempt_order": "long",
+        "key_id": "int",
+        "state": "byte",
+        "gid": "int",
+        "line": consumers.schema["line"].dataType.simpleString(),
+    }
+
+    def aligned(frame: DataFrame) -> DataFrame:
+        return frame.select(
+            "message_id",
+            *[
+                F.col(c) if c in frame.columns else F.lit(None).cast(t).alias(c)
+                for c, t in none.items()
+            ],
+        )
+
+    consumed_gid = F.col("gid")
+    lines = aligned(producers).unionByName(aligned(consumers))
+    facts = lines.groupBy("message_id").agg(
+        F.min("ts").alias("first_ts"),
+        F.min_by("key_id", "attempt_order").alias("key_id"),
+        F.count("attempt_order").alias("attempts"),
+        F.max("state").alias("state"),
+        F.min(consumed_gid).alias("min_gid"),
+        # A whole-struct reference (count("line") would be simplified to count(1) and lost).
+        F.count(F.when(F.col("gid").isNotNull(), F.col("line"))).alias("line_count"),
+        *[
+            F.bit_or(F.when(_word(consumed_gid) == w, _bit(consumed_gid))).alias(f"seen_{w}")
+            for w in range(words)
+        ],
+    )
+    return facts.withColumn("window_ms", hour_of(F.col("first_ts")))
+
+
+def with_expected(messages: DataFrame, keys: DataFrame) -> DataFrame:
+    """Adds the first attempt's exchange id and expected groups (ids, sorted, and bitmask)."""
+    return messages.join(
+        F.broadcast(keys.select("key_id", "exchange_id", "expected_gids", "expected_words")),
+        on="key_id",
+        how="left",
+    )
+
+
+def _contribution(
+    gid: Column,
+    primary: Column,
+    expected: Column,
+    deliveries: Column | int = 0,
+    redelivered: Column | int = 0,
+    late: Column | int = 0,
+    consuming_ts: Column | None = None,
+    orphan_consumer: Column | None = None,
+    orphan_ts: Column | None = None,
+) -> Column:
+    values = (
+        gid,
+        deliveries,
+        redelivered,
+        late,
+        consuming_ts,
+        primary,
+        expected,
+        orphan_consumer,
+        orphan_ts,
+    )
+    return F.struct(
+        *[
+            (v if isinstance(v, Column) else F.lit(v)).cast(f.dataType).alias(f.name)
+            for v, f in zip(values, CONTRIBUTION_TYPE.fields, strict=True)
+        ]
+    )
+
+
+def pair_contributions(
+    messages: DataFrame, consumers: DataFrame, day_start_ms: int, grace_ms: int, words: int
+) -> DataFrame:
+    """Each consumer line joined to its message, as what it adds to its pair; plus a zero
+    contribution for every expected group that logged no line (``silent``), and one for the
+    null group of a message with neither lines nor expected groups. Orphan lines (message_id
+    unknown to the producer logs) of the day carry ``orphan_consumer``/``orphan_ts``.
+
+    ``messages``: ``with_expected(per_message(...))``; ``consumers``: the same ``by_message``
+    frame ``per_message`` read, so the join reuses its shuffle.
+    """
+    joined = messages.join(consumers.hint("shuffle_hash"), on="message_id", how="left").select(
+        "*", "line.*"
+    )
+    day_end_ms = day_start_ms + 24 * HOUR_MS
+    ts, gid, window = F.col("ts"), F.col("gid"), F.col("window_ms")
+    orphan = F.col("first_ts").isNull()
+    in_day = (window >= day_start_ms) & (window < day_end_ms)
+    line_in_day = (ts >= day_start_ms) & (ts < day_end_ms)
+    has_line = ts.isNotNull()
+    on_time = ~orphan & has_line & (ts < window + (HOUR_MS + grace_ms))
+    expected_gids = F.coalesce("expected_gids", F.array().cast("array<int>"))
+    primary_gid = F.when(F.size(expected_gids) > 0, F.element_at(expected_gids, 1)).otherwise(
+        F.col("min_gid")
+    )
+    line = _contribution(
+        gid,
+        F.coalesce(gid == primary_gid, F.lit(False)),
+        F.array_contains(expected_gids, gid),
+        F.when(on_time, 1).otherwise(0),
+        F.when(on_time & F.col("redelivered"), 1).otherwise(0),
+        F.when(~orphan & has_line & ~on_time, 1).otherwise(0),
+        F.when(on_time & F.col("consuming"), ts),
+        F.when(orphan, F.col("consumer")),
+        F.when(orphan, ts),
+    )
+    seen = [F.coalesce(F.col(f"seen_{w}"), F.lit(0).cast("long")) for w in range(words)]
+    has_silent = F.lit(False)
+    for w in range(words):
+        expected_word = F.coalesce(F.element_at("expected_words", w + 1), F.lit(0).cast("long"))
+        has_silent = has_silent | (expected_word.bitwiseAND(F.bitwise_not(seen[w])) != 0)
+
+    def unseen(g: Column) -> Column:
+        word = seen[0] if words == 1 else F.element_at(F.array(*seen), _word(g) + 1)
+        return word.bitwiseAND(_bit(g)) == 0
+
+    silent = F.transform(
+        F.filter(expected_gids, unseen),
+        lambda g: _contribution(g, g == primary_gid, F.lit(True)),
+    )
+    nobody = F.array(_contribution(F.lit(None), F.lit(True), F.lit(False)))
+    none = F.array().cast(T.ArrayType(CONTRIBUTION_TYPE))
+    contributions = F.concat(
+        F.when(has_line, F.array(line)).otherwise(none),
+        F.when(~orphan & has_silent, silent).otherwise(none),
+        F.when(
+            ~orphan & (F.col("line_count") == 0) & (F.size(expected_gids) == 0), nobody
+        ).otherwise(none),
+    )
+    return (
+        joined.where(in_day | (orphan & line_in_day))
+        .select(
+            "message_id",
+            "first_ts",
+            F.when(orphan, hour_of(ts)).otherwise(window).alias("window_ms"),
+            "key_id",
+            "exchange_id",
+            "attempts",
+            "state",
+            F.explode(contributions).alias("c"),
+        )
+        .select(
+            "message_id",
+            "first_ts",
+            "window_ms",
+            "key_id",
+            "exchange_id",
+            "attempts",
+            "state",
+            "c.*",
+        )
+    )
+
+
+def pairs(contributions: DataFrame) -> DataFrame:
+    """One row per (message, group), or per distinct orphan line (``lines`` = its copies).
+
+    Keyed under message_id, so the aggregate runs on the shuffle's partitions."""
+    return contributions.groupBy("message_id", "gid", "orphan_consumer", "orphan_ts").agg(
+        *[
+            F.first(c).alias(c)
+            for c in ("first_ts", "window_ms", "key_id", "exchange_id", "attempts", "state")
+        ],
+        F.max("primary").alias("primary"),
+        F.max("expected").alias("expected"),
+        F.sum("deliveries").alias("deliveries"),
+        F.sum("redelivered").alias("redelivered"),
+        F.sum("late").alias("late_deliveries"),
+        F.min("consuming_ts").alias("first_consumed_ts"),
+        F.max("consuming_ts").alias("last_consumed_ts"),
+        F.count(F.lit(1)).alias("lines"),
+    )
+
+
+def store_rows(store: DataFrame, queue_group: DataFrame, groups: DataFrame) -> DataFrame:
+    """message_id -> its store rows (each once per group its source queue belongs to), and the
+    first ``store_id``."""
+    rows = (
+        store.where(F.col("message_id").isNotNull())
+        .join(
+            F.broadcast(queue_group.withColumnRenamed("queue", "source_queue")),
+            on="source_queue",
+            how="left",
+        )
+        .join(F.broadcast(groups), on="consumer_group", how="left")
+    )
     row = F.struct(
         (F.unix_micros("collected_at") / 1000).cast("long").alias("collected_ms"),
         F.col("id").alias("id"),
         F.col("kind").alias("kind"),
         F.col("reason").alias("reason"),
         F.coalesce("replay_count", F.lit(0).cast("long")).alias("replay_count"),
-        covered.alias("covered_group"),
+        F.when(F.col("kind") == "dead_letter", F.col("gid")).alias("covered_gid"),
     )
-    return rows.select("message_id", row.alias("store_row"))
-
-
-def audit_lines(
-    producer_lines: DataFrame, consumer_lines: DataFrame, stored: DataFrame
-) -> DataFrame:
-    """Producer lines, consumer lines and store rows in one frame, tagged by ``source``."""
-    none = {
-        "ts": T.LongType(),
-        "attempt": T.LongType(),
-        "exchange": T.StringType(),
-        "routing_key": T.StringType(),
-        "outcome": T.StringType(),
-        "consumer_group": T.StringType(),
-        "consumer": T.StringType(),
-        "redelivered": T.BooleanType(),
-        "store_row": STORE_ROW_TYPE,
-    }
-
-    def tagged(frame: DataFrame, source: int) -> DataFrame:
-        return frame.select(
-            "message_id",
-            F.lit(source).cast("byte").alias("source"),
-            *[
-                F.col(name) if name in frame.columns else F.lit(None).cast(kind).alias(name)
-                for name, kind in none.items()
-            ],
-        )
-
-    return (
-        tagged(producer_lines, PRODUCER_LINE)
-        .unionByName(tagged(consumer_lines, CONSUMER_LINE))
-        .unionByName(tagged(stored, STORE_ROW))
+    return rows.groupBy("message_id").agg(
+        F.collect_list(row).alias("store_rows"), F.min("id").alias("store_id")
     )
 
 
-def per_message(lines: DataFrame) -> DataFrame:
-    """One row per message_id of ``audit_lines``: its publish facts, its consumer lines, its store
-    rows, and the consumer-line summary ``pair_and_orphan_rows`` needs for the common case.
-
-    The repartition is the job's only shuffle of the lines; the aggregate runs in one phase on it.
-    """
-    source = F.col("source")
-    produced = source == PRODUCER_LINE
-    consumed = source == CONSUMER_LINE
-    consuming = consumed & F.col("outcome").isin(*CONSUMED_OUTCOMES)
-    first = F.when(produced, F.struct("ts", "attempt"))
-    key = F.struct("exchange", F.coalesce("routing_key", F.lit("")).alias("routing_key"))
-    line = F.struct("consumer_group", "consumer", "ts", "redelivered", "outcome")
-    facts = (
-        lines.repartition("message_id")
-        .groupBy("message_id")
-        .agg(
-            F.min(F.when(produced, F.col("ts"))).alias("first_ts"),
-            F.min_by(F.when(produced, key), first).alias("key"),
-            F.count_if(produced).alias("attempts"),
-            *[
-                F.count_if(produced & (F.col("outcome") == outcome)).alias(f"{outcome}_lines")
-                for outcome in ("ack", "returned", "nack")
-            ],
-            F.collect_list(F.when(consumed, line)).alias("lines"),
-            F.count_if(consumed).alias("line_count"),
-            F.min(F.when(consumed, F.col("consumer_group"))).alias("min_group"),
-            F.max(F.when(consumed, F.col("consumer_group"))).alias("max_group"),
-            F.min(F.when(consumed, F.col("ts"))).alias("min_line_ts"),
-            F.max(F.when(consumed, F.col("ts"))).alias("max_line_ts"),
-            F.count_if(consumed & F.coalesce("redelivered", F.lit(False))).alias("redelivered"),
-            F.min(F.when(consuming, F.col("ts"))).alias("min_consuming_ts"),
-            F.max(F.when(consuming, F.col("ts"))).alias("max_consuming_ts"),
-            F.collect_list("store_row").alias("store_rows"),
-            F.min("store_row.id").alias("store_id"),
-        )
-    )
-    state = (
-        F.when(F.col("ack_lines") > 0, "confirmed")
-        .when(F.col("returned_lines") > 0, "returned")
-        .when(F.col("nack_lines") > 0, "nacked")
-        .otherwise("unconfirmed")
-    )
-    return facts.select(
-        "message_id",
-        "first_ts",
-        (F.floor(F.col("first_ts") / HOUR_MS) * HOUR_MS).cast("long").alias("window_ms"),
-        F.col("key.exchange").alias("exchange"),
-        F.col("key.routing_key").alias("routing_key"),
-        "attempts",
-        state.alias("publish_state"),
-        "lines",
-        "line_count",
-        "min_group",
-        "max_group",
-        "min_line_ts",
-        "max_line_ts",
-        "redelivered",
-        "min_consuming_ts",
-        "max_consuming_ts",
-        "store_rows",
-        "store_id",
-    )
-
-
-def with_expected_groups(messages: DataFrame, expected: DataFrame) -> DataFrame:
-    """Adds ``expected_groups`` (empty when no binding matches)."""
-    return messages.join(
-        F.broadcast(expected), on=["exchange", "routing_key"], how="left"
-    ).withColumn("expected_groups", F.coalesce("expected_groups", F.array().cast("array<string>")))
-
-
-def _pair(
-    group: Column,
-    deliveries: Column | int = 0,
-    redelivered: Column | int = 0,
-    late: Column | int = 0,
-    first_consumed: Column | None = None,
-    last_consumed: Column | None = None,
-    consumer: Column | None = None,
-    line_ts: Column | None = None,
-) -> Column:
-    def value(column, kind):
-        column = F.lit(column) if not isinstance(column, Column) else column
-        return column.cast(kind)
-
-    fields = (
-        group,
-        deliveries,
-        redelivered,
-        late,
-        first_consumed,
-        last_consumed,
-        consumer,
-        line_ts,
-    )
-    return F.struct(
-        *[
-            value(column, field.dataType).alias(field.name)
-            for column, field in zip(fields, PAIR_TYPE.fields, strict=True)
-        ]
-    )
-
-
-def _no_pairs() -> Column:
-    return F.array().cast(T.ArrayType(PAIR_TYPE))
-
-
-def _seen_pairs(deadline: Column) -> tuple[Column, Column]:
-    """(pairs of the groups that logged a line, those groups). Each line counts as a delivery
-    when ``ts < deadline``, else as a late delivery.
-
-    Most messages have lines of one group only, all on time (or all late): their pair comes from
-    the aggregate's summary columns. Only the others go through the array functions.
-    """
-    on_time_all = F.col("max_line_ts") < deadline
-    uniform = (F.col("line_count") == 0) | (
-        (F.col("min_group") == F.col("max_group"))
-        & (on_time_all | (F.col("min_line_ts") >= deadline))
-    )
-    summary = _pair(
-        F.col("min_group"),
-        F.when(on_time_all, F.col("line_count")).otherwise(0),
-        F.when(on_time_all, F.col("redelivered")).otherwise(0),
-        F.when(on_time_all, 0).otherwise(F.col("line_count")),
-        F.when(on_time_all, F.col("min_consuming_ts")),
-        F.when(on_time_all, F.col("max_consuming_ts")),
-    )
-    groups = F.array_distinct(F.transform("lines", lambda line: line["consumer_group"]))
-
-    def group_pair(group: Column) -> Column:
-        mine = F.filter("lines", lambda line: line["consumer_group"] == group)
-        on_time = F.filter(mine, lambda line: line["ts"] < deadline)
-        consuming = F.transform(
-            F.filter(on_time, lambda line: line["outcome"].isin(*CONSUMED_OUTCOMES)),
-            lambda line: line["ts"],
-        )
-        redelivered = F.filter(on_time, lambda line: F.coalesce(line["redelivered"], F.lit(False)))
-        return _pair(
-            group,
-            F.size(on_time),
-            F.size(redelivered),
-            F.size(mine) - F.size(on_time),
-            F.array_min(consuming),
-            F.array_max(consuming),
-        )
-
-    some = F.col("line_count") > 0
-    pairs = F.when(uniform & some, F.array(summary)).when(uniform, _no_pairs())
-    names = F.when(uniform & some, F.array("min_group")).when(
-        uniform, F.array().cast("array<string>")
-    )
-    return (
-        pairs.otherwise(F.transform(groups, group_pair)),
-        names.otherwise(groups),
-    )
-
-
-def pair_and_orphan_rows(messages: DataFrame, day_start_ms: int, grace_ms: int) -> DataFrame:
-    """One row per (message, group) of the audited day's messages, and one per orphan line.
-
-    Pairs: the groups that logged a line, then the expected groups that did not (``primary``
-    marks one pair per message); a message with neither gets one pair with a null group.
-    Orphan rows (``orphan``) are the day's lines of a message_id no producer line or store row
-    knows, in the window of the line's own ``ts``.
-    """
-    day_end_ms = day_start_ms + 24 * HOUR_MS
-    deadline = F.col("window_ms") + HOUR_MS + grace_ms
-    in_day = (F.col("window_ms") >= day_start_ms) & (F.col("window_ms") < day_end_ms)
-    orphan = F.col("first_ts").isNull() & F.col("store_id").isNull()
-    seen, seen_groups = _seen_pairs(deadline)
-    missing = F.array_except("expected_groups", seen_groups)
-    silent = F.when(F.size(missing) == 0, _no_pairs()).otherwise(
-        F.transform(missing, lambda group: _pair(group))
-    )
-    every = F.concat(seen, silent)
-    nobody = F.array(_pair(F.lit(None)))
-    orphan_lines = F.transform(
-        F.filter("lines", lambda line: (line["ts"] >= day_start_ms) & (line["ts"] < day_end_ms)),
-        lambda line: _pair(line["consumer_group"], consumer=line["consumer"], line_ts=line["ts"]),
-    )
-    rows = F.when(in_day, F.when(F.size(every) > 0, every).otherwise(nobody)).otherwise(
-        orphan_lines
-    )
-    exploded = messages.where(in_day | orphan).select(
-        "*", orphan.alias("orphan"), F.posexplode(rows).alias("pair_index", "p")
-    )
-    return exploded.select(
-        "message_id",
-        F.when(F.col("orphan"), (F.floor(F.col("p.line_ts") / HOUR_MS) * HOUR_MS).cast("long"))
-        .otherwise(F.col("window_ms"))
-        .alias("window_ms"),
-        "first_ts",
-        "exchange",
-        "routing_key",
-        "attempts",
-        "publish_state",
-        "expected_groups",
-        "store_rows",
-        "store_id",
-        "orphan",
-        (~F.col("orphan") & (F.col("pair_index") == 0)).alias("primary"),
-        "p.*",
-    )
+def with_store(pairs: DataFrame, stored: DataFrame) -> DataFrame:
+    """Adds ``store_rows`` and ``store_id``; drops the lines the store knows (not orphans)."""
+    joined = pairs.join(stored.hint("shuffle_hash"), on="message_id", how="left")
+    return joined.where(F.col("first_ts").isNotNull() | F.col("store_id").isNull())
 
 
 def classify_pairs(pairs: DataFrame) -> DataFrame:
-    """Per pair: expected, consumed, dead-lettered, recovered, unaccounted, duplicates by cause.
+    """Per pair: consumed, dead-lettered, recovered, unaccounted, duplicates by cause.
 
-    Store rows are few: a pair without any skips the array functions.
-    """
-    group = F.col("consumer_group")
+    Few pairs have store rows: the others skip the array functions."""
+    gid = F.col("gid")
 
     def covers(row: Column) -> Column:
-        return row["covered_group"].isNull() | (row["covered_group"] == group)
+        return row["covered_gid"].isNull() | (row["covered_gid"] == gid)
 
-    stored = F.size("store_rows") > 0
-    no_rows = F.array().cast(T.ArrayType(STORE_ROW_TYPE))
+    stored = F.coalesce(F.size("store_rows") > 0, F.lit(False))
     with_rows = pairs.withColumns(
         {
             "dead_letters": F.when(
                 stored,
                 F.filter("store_rows", lambda s: (s["kind"] == "dead_letter") & covers(s)),
-            ).otherwise(no_rows),
+            ).otherwise(F.array().cast(T.ArrayType(STORE_ROW_TYPE))),
             "covered": stored & F.exists("store_rows", covers),
         }
     )
@@ -439,18 +426,18 @@ def classify_pairs(pairs: DataFrame) -> DataFrame:
     by_replay = F.least(extra - by_broker, replays)
     unflagged = extra - by_broker - by_replay
     by_retry = F.least(unflagged, F.col("attempts") - 1)
-    expected = group.isNotNull() & F.array_contains("expected_groups", group)
+    confirmed = F.col("state") == PUBLISH_STATES.index("confirmed")
     return with_rows.select(
         "message_id",
         "window_ms",
-        "exchange",
-        "routing_key",
-        "consumer_group",
+        "key_id",
+        "exchange_id",
+        "gid",
         "primary",
         "attempts",
-        "publish_state",
+        "state",
         "store_id",
-        expected.alias("expected"),
+        "expected",
         "deliveries",
         "late_deliveries",
         consumed.alias("consumed"),
@@ -463,93 +450,28 @@ def classify_pairs(pairs: DataFrame) -> DataFrame:
             & consumed
             & (F.col("last_consumed_ts") >= first_dead_letter["collected_ms"])
         ).alias("recovered"),
-        (expected & (F.col("publish_state") == "confirmed") & ~consumed & ~F.col("covered")).alias(
-            "unaccounted"
-        ),
+        (F.col("expected") & confirmed & ~consumed & ~F.col("covered")).alias("unaccounted"),
         by_broker.alias("dup_broker_redelivery"),
         by_retry.alias("dup_producer_retry"),
         (unflagged - by_retry).alias("dup_consumer_reprocessing"),
-        "orphan",
-        "consumer",
-        "line_ts",
+        F.col("first_ts").isNull().alias("orphan"),
+        "orphan_consumer",
+        "orphan_ts",
+        "lines",
     )
-
-
-def process_hours(summary: DataFrame, source: str) -> DataFrame:
-    """(source, process, consumer_group, hour_ms) for every hour a process wrote a log file."""
-    group = F.col("consumer_group") if "consumer_group" in summary.columns else F.lit(None)
-    return (
-        summary.where(F.col("process").isNotNull())
-        .select(
-            F.lit(source).alias("source"),
-            "process",
-            group.cast("string").alias("consumer_group"),
-            F.col("file_hour_ms").alias("hour_ms"),
-        )
-        .distinct()
-    )
-
-
-def malformed_hours(summary: DataFrame, day_start_ms: int) -> DataFrame:
-    """(window_ms, lines): malformed lines per file hour of the audited day."""
-    return (
-        summary.where(
-            F.col("malformed")
-            & (F.col("file_hour_ms") >= day_start_ms)
-            & (F.col("file_hour_ms") < day_start_ms + 24 * HOUR_MS)
-        )
-        .groupBy(F.col("file_hour_ms").alias("window_ms"))
-        .agg(F.sum("lines").alias("lines"))
-    )
-
-
-def input_gaps(hours: DataFrame, first_hour_ms: int, end_hour_ms: int) -> DataFrame:
-    """Hours in [first, end) where a process's log has a hole: a file the hour before, none in
-    the hour, and a file again later. A process that stops for good (shutdown, scale-in) leaves
-    no hole; its unconsumed messages are reported as what they look like."""
-    keys = ["source", "process", "consumer_group"]
-    following = hours.select(*keys, (F.col("hour_ms") + HOUR_MS).alias("hour_ms"))
-    present = hours.select(*keys, "hour_ms")
-    last = hours.groupBy(*keys).agg(F.max("hour_ms").alias("last_hour_ms"))
-    missing = following.join(
-        present,
-        on=[following[k].eqNullSafe(present[k]) for k in [*keys, "hour_ms"]],
-        how="left_anti",
-    )
-    resumed = missing.join(
-        last, on=[missing[k].eqNullSafe(last[k]) for k in keys], how="inner"
-    ).where(missing["hour_ms"] < last["last_hour_ms"])
-    return resumed.where(
-        (missing["hour_ms"] >= first_hour_ms) & (missing["hour_ms"] < end_hour_ms)
-    ).select(*[missing[k] for k in [*keys, "hour_ms"]])
-
-
-def gap_windows(gaps: DataFrame, grace_ms: int) -> DataFrame:
-    """(window_ms, consumer_group) whose pairs an input gap hides; a null group = every group."""
-    producer = gaps.where(F.col("source") == "producer").select(
-        F.col("hour_ms").alias("window_ms"), F.lit(None).cast("string").alias("consumer_group")
-    )
-    # A consumer gap at hour H hides deliveries of every window W with W <= H < W + 1h + grace.
-    hours_back = (HOUR_MS + grace_ms - 1) // HOUR_MS
-    earliest = F.col("hour_ms") - F.lit(hours_back * HOUR_MS)
-    consumer = gaps.where(F.col("source") == "consumer").select(
-        F.explode(F.sequence(earliest.cast("long"), "hour_ms", F.lit(HOUR_MS))).alias("window_ms"),
-        "consumer_group",
-    )
-    return producer.unionByName(consumer).distinct()
 
 
 def mark_gaps(pairs: DataFrame, gap_window: DataFrame) -> DataFrame:
-    """Adds ``in_input_gap`` to classified pairs."""
-    producer = gap_window.where(F.col("consumer_group").isNull()).select(
+    """Adds ``in_input_gap``; ``gap_window``: (window_ms, gid), a null gid = every group."""
+    producer = gap_window.where(F.col("gid").isNull()).select(
         "window_ms", F.lit(True).alias("producer_gap")
     )
-    consumer = gap_window.where(F.col("consumer_group").isNotNull()).select(
-        "window_ms", "consumer_group", F.lit(True).alias("consumer_gap")
+    consumer = gap_window.where(F.col("gid").isNotNull()).select(
+        "window_ms", "gid", F.lit(True).alias("consumer_gap")
     )
     return (
         pairs.join(F.broadcast(producer), on="window_ms", how="left")
-        .join(F.broadcast(consumer), on=["window_ms", "consumer_group"], how="left")
+        .join(F.broadcast(consumer), on=["window_ms", "gid"], how="left")
         .withColumn(
             "in_input_gap",
             F.coalesce("producer_gap", F.lit(False)) | F.coalesce("consumer_gap", F.lit(False)),
