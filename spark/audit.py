@@ -17,10 +17,8 @@ if __package__ in (None, ""):  # run as a script by spark-submit: make `spark.*`
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from spark import log_facts, metrics, transforms
-from spark.ids import number_ids
 from spark.schema import (
     CONSUMER_LOG_SCHEMA,
     CONSUMER_REQUIRED,
@@ -28,7 +26,6 @@ from spark.schema import (
     PRODUCER_LOG_SCHEMA,
     PRODUCER_REQUIRED,
     STORE_EXPORT_SCHEMA,
-    bindings_frame,
     epoch_ms,
     hour_partitions,
     list_log_files,
@@ -100,7 +97,7 @@ def run_audit(
         producer_raw,
         consumer_raw,
         read_store(spark, store_path),
-        bindings_frame(spark, bindings),
+        bindings,
         day_start_ms,
         grace_ms,
         sla_ms,
@@ -110,110 +107,85 @@ def run_audit(
     return outputs
 
 
-def on_driver(frame: DataFrame) -> DataFrame:
-    """A small frame computed once and held as local rows, so later jobs do not recompute it."""
-    return frame.sparkSession.createDataFrame(frame.collect(), frame.schema)
-
-
 def audit_frames(
     producer_raw: DataFrame,
     consumer_raw: DataFrame,
     store: DataFrame,
-    binding_rows: DataFrame,
+    bindings: list[dict],
     day_start_ms: int,
     grace_ms: int,
     sla_ms: int,
     now_ms: int,
 ) -> dict[str, DataFrame]:
-    """The audit over parsed inputs (``read_logs`` frames, store export, ``bindings_frame``).
+    """The audit over parsed inputs (``read_logs`` frames, store export, bindings snapshot).
 
-    Small jobs summarise the logs onto the driver (``spark/log_facts.py``); one job shuffles
-    the lines by message_id, builds the pairs and persists their ``metrics.rollup``, which every
-    output reads. Call ``spark.catalog.clearCache()`` once the outputs are written.
+    One small job summarises both logs onto the driver (``spark/log_facts.py``); one job
+    shuffles the lines by message_id, builds the pairs and persists their ``metrics.rollup``,
+    which every output reads. Call ``spark.catalog.clearCache()`` once the outputs are written.
     """
     spark = producer_raw.sparkSession
-    grace_hours = math.ceil(grace_ms / HOUR_MS)
-    day_end_hour_ms = day_start_ms + 24 * HOUR_MS
-    # One job reads both logs for their small facts.
-    summaries = on_driver(
-        log_facts.log_summary(
-            producer_raw,
-            "producer",
-            F.lit("producer").alias("source"),
-            F.col("exchange"),
-            F.coalesce("routing_key", F.lit("")).alias("routing_key"),
-        ).unionByName(
-            log_facts.log_summary(
-                consumer_raw,
-                "consumer",
-                F.lit("consumer").alias("source"),
-                F.col("consumer_group"),
-                F.col("queue"),
-            ),
-            allowMissingColumns=True,
-        )
+    facts = log_facts.LogFacts.from_summary(
+        log_facts.log_summary(producer_raw, consumer_raw).collect(),
+        bindings,
+        day_start_ms,
+        grace_ms,
     )
-    producer_summary = summaries.where(F.col("source") == "producer").drop(
-        "source", "consumer_group", "queue"
+    keys = log_facts.local_frame(spark, facts.keys, transforms.KEY_COLUMNS)
+    gaps = log_facts.local_frame(
+        spark,
+        facts.gaps,
+        [
+            ("source", "string"),
+            ("process", "string"),
+            ("consumer_group", "string"),
+            ("hour_ms", "bigint"),
+        ],
     )
-    consumer_summary = summaries.where(F.col("source") == "consumer").drop(
-        "source", "exchange", "routing_key"
+    malformed = log_facts.local_frame(
+        spark, facts.malformed, [("window_ms", "bigint"), ("lines", "bigint")]
     )
-    keys = log_facts.published_keys(producer_summary)
-    expected = keys.join(
-        log_facts.expected_groups(keys, binding_rows), on=["exchange", "routing_key"], how="left"
-    ).collect()
-    groups = [
-        row.consumer_group
-        for row in consumer_summary.where(~F.col("malformed")).select("consumer_group").collect()
-    ]
-    ids = number_ids(spark, groups, expected)
-    gaps = on_driver(
-        log_facts.input_gaps(
-            log_facts.process_hours(producer_summary, "producer"), day_start_ms, day_end_hour_ms
-        ).unionByName(
-            log_facts.input_gaps(
-                log_facts.process_hours(consumer_summary, "consumer"),
-                day_start_ms,
-                day_end_hour_ms + grace_hours * HOUR_MS,
-            )
-        )
-    )
-    gap_window = on_driver(
-        log_facts.gap_windows(gaps, grace_ms)
-        .join(ids.groups, on="consumer_group", how="left")
-        .select("window_ms", "gid")
-    )
-    malformed = on_driver(log_facts.malformed_hours(summaries, day_start_ms))
     producers = transforms.by_message(
-        transforms.keyed_producer_lines(
-            transforms.valid_lines(producer_raw), ids.keys, day_start_ms
-        )
+        transforms.keyed_producer_lines(transforms.valid_lines(producer_raw), day_start_ms)
     )
     consumers = transforms.by_message(
-        transforms.grouped_consumer_lines(transforms.valid_lines(consumer_raw), ids.groups)
+        transforms.grouped_consumer_lines(
+            transforms.valid_lines(consumer_raw),
+            log_facts.local_frame(
+                spark,
+                [(g, i) for i, g in enumerate(facts.bound_groups)],
+                [("consumer_group", "string"), ("bit", "int")],
+            ),
+        )
     )
     messages = transforms.with_expected(
-        transforms.per_message(producers, consumers, ids.words), ids.keys
+        transforms.per_message(producers, consumers, facts.words), keys
     )
     pairs = transforms.pairs(
-        transforms.pair_contributions(messages, consumers, day_start_ms, grace_ms, ids.words)
+        transforms.pair_contributions(messages, consumers, day_start_ms, grace_ms, facts.words)
     )
     stored = transforms.store_rows(
-        store, log_facts.queue_groups(consumer_summary, binding_rows), ids.groups
+        store,
+        log_facts.local_frame(
+            spark, facts.queue_groups, [("queue", "string"), ("consumer_group", "string")]
+        ),
     )
-    facts = transforms.mark_gaps(
-        transforms.classify_pairs(transforms.with_store(pairs, stored)), gap_window
+    classified = transforms.with_key_names(
+        transforms.classify_pairs(transforms.with_store(pairs, stored)), keys
     )
-    rolled = metrics.rollup(facts, grace_ms, now_ms).persist(StorageLevel.MEMORY_AND_DISK)
+    rolled = transforms.mark_gaps(
+        metrics.rollup(classified, grace_ms, now_ms),
+        log_facts.local_frame(
+            spark, facts.gap_windows, [("window_ms", "bigint"), ("consumer_group", "string")]
+        ),
+    ).persist(StorageLevel.MEMORY_AND_DISK)
     return {
         "windows": metrics.window_metrics(
-            rolled, ids, malformed, gaps, day_start_ms, grace_ms, sla_ms, now_ms
+            rolled, malformed, gaps, day_start_ms, grace_ms, sla_ms, now_ms
         ),
         "totals": metrics.totals(rolled, malformed, gaps, grace_ms, sla_ms, now_ms),
-        "lost": metrics.lost_evidence(rolled, ids),
-        "duplicates": metrics.duplicate_evidence(rolled, ids),
-        "orphans": metrics.orphan_evidence(rolled, ids),
+        "lost": metrics.lost_evidence(rolled),
+        "duplicates": metrics.duplicate_evidence(rolled),
+        "orphans": metrics.orphan_evidence(rolled),
         "input_gaps": metrics.gap_evidence(gaps),
     }
 

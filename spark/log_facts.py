@@ -1,119 +1,215 @@
 """The logs' small facts: everything the audit needs from the logs besides their lines.
 
-One aggregate per log (``log_summary``) counts lines per process, file hour, malformed flag and a
-few keys. It is as small as processes x hours x keys, so the job collects it on the driver and
-derives the rest from it in small local frames: which groups a routing key is bound to
-(``expected_groups``), which queue belongs to which group (``queue_groups``), input gaps
-(``input_gaps``, ``gap_windows``) and malformed lines per hour (``malformed_hours``).
+``log_summary`` is the one Spark job: line counts per log, process, file hour, malformed flag and
+a few keys, as small as processes x hours x keys. ``LogFacts.from_summary`` derives the rest on
+the driver in plain Python: the consumer groups each (exchange, routing key) is bound to, the
+input gaps, malformed lines per hour and which queue belongs to which group. ``local_frame``
+hands such rows back to Spark as a local relation, which a broadcast join reads without a job.
 Definitions: the docstring of ``spark/transforms.py``.
 """
 
-from pyspark.sql import Column, DataFrame
+import math
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark.schema import HOUR_MS
+from spark.schema import HOUR_MS, topic_pattern_regex
+
+WORD_BITS = 64  # a set of bound groups is a bitmask of ``LogFacts.words`` longs
 
 
-def log_summary(logs: DataFrame, process: str, *keys: Column) -> DataFrame:
-    """Line counts per (process, file hour, malformed, keys...)."""
-    return logs.groupBy(F.col(process).alias("process"), "file_hour_ms", "malformed", *keys).agg(
-        F.count(F.lit(1)).alias("lines")
-    )
+def key_hash() -> Column:
+    """The id of a line's (exchange, routing key): what the per-message aggregate carries."""
+    return F.xxhash64("exchange", F.coalesce("routing_key", F.lit("")))
 
 
-def published_keys(producer_summary: DataFrame) -> DataFrame:
-    """Every (exchange, routing_key) of a valid producer line (a superset of first attempts')."""
-    return producer_summary.where(~F.col("malformed")).select("exchange", "routing_key").distinct()
+def group_hash() -> Column:
+    return F.xxhash64("consumer_group")
 
 
-def expected_groups(keys: DataFrame, bindings: DataFrame) -> DataFrame:
-    """(exchange, routing_key) -> sorted array of the consumer groups bound to receive it.
-
-    Matches the distinct keys only, so the regex join stays as small as the key space.
-    """
-    matched = keys.join(
-        F.broadcast(bindings.select("exchange", "pattern_regex", "consumer_group")),
-        on=[
-            keys["exchange"] == bindings["exchange"],
-            F.regexp_like(keys["routing_key"], bindings["pattern_regex"]),
-        ],
-        how="inner",
-    )
-    return matched.groupBy(keys["exchange"], keys["routing_key"]).agg(
-        F.array_sort(F.collect_set("consumer_group")).alias("expected_groups")
-    )
-
-
-def queue_groups(consumer_summary: DataFrame, bindings: DataFrame) -> DataFrame:
-    """The set of (queue, consumer_group) pairs known from the consumer logs and the bindings."""
-    logged = consumer_summary.where(~F.col("malformed") & F.col("queue").isNotNull()).select(
-        "queue", "consumer_group"
-    )
-    configured = bindings.where(F.col("queue").isNotNull()).select("queue", "consumer_group")
-    return logged.unionByName(configured).distinct()
+def log_summary(producer_raw: DataFrame, consumer_raw: DataFrame) -> DataFrame:
+    """Line counts per (source, process, file hour, malformed, keys) of both logs."""
+    producer = producer_raw.groupBy(
+        F.lit("producer").alias("source"),
+        F.col("producer").alias("process"),
+        "file_hour_ms",
+        "malformed",
+        "exchange",
+        F.coalesce("routing_key", F.lit("")).alias("routing_key"),
+        key_hash().alias("key_hash"),
+    ).agg(F.count(F.lit(1)).alias("lines"))
+    consumer = consumer_raw.groupBy(
+        F.lit("consumer").alias("source"),
+        F.col("consumer").alias("process"),
+        "file_hour_ms",
+        "malformed",
+        "consumer_group",
+        "queue",
+        group_hash().alias("group_hash"),
+    ).agg(F.count(F.lit(1)).alias("lines"))
+    return producer.unionByName(consumer, allowMissingColumns=True)
 
 
-def process_hours(summary: DataFrame, source: str) -> DataFrame:
-    """(source, process, consumer_group, hour_ms) for every hour a process wrote a log file."""
-    group = F.col("consumer_group") if "consumer_group" in summary.columns else F.lit(None)
-    return (
-        summary.where(F.col("process").isNotNull())
-        .select(
-            F.lit(source).alias("source"),
-            "process",
-            group.cast("string").alias("consumer_group"),
-            F.col("file_hour_ms").alias("hour_ms"),
-        )
-        .distinct()
-    )
+def _distinct_ids(pairs, what: str) -> None:
+    seen = {}
+    for name, value in pairs:
+        if seen.setdefault(value, name) != name:
+            raise ValueError(
+                f"the {what} {seen[value]!r} and {name!r} share a 64-bit hash: the audit cannot "
+                "tell them apart; rename one"
+            )
 
 
-def input_gaps(hours: DataFrame, first_hour_ms: int, end_hour_ms: int) -> DataFrame:
+def input_gaps(hours, first_hour_ms: int, end_hour_ms: int) -> list[tuple]:
     """Hours in [first, end) where a process's log has a hole: a file the hour before, none in
     the hour, and a file again later. A process that stops for good (shutdown, scale-in) leaves
-    no hole; its unconsumed messages are reported as what they look like."""
-    keys = ["source", "process", "consumer_group"]
-    following = hours.select(*keys, (F.col("hour_ms") + HOUR_MS).alias("hour_ms"))
-    present = hours.select(*[F.col(k).alias(f"present_{k}") for k in [*keys, "hour_ms"]])
-    last = hours.groupBy(*[F.col(k).alias(f"last_{k}") for k in keys]).agg(
-        F.max("hour_ms").alias("last_hour_ms")
-    )
-    missing = following.join(
-        present,
-        on=[F.col(k).eqNullSafe(F.col(f"present_{k}")) for k in [*keys, "hour_ms"]],
-        how="left_anti",
-    )
-    resumed = missing.join(
-        last, on=[F.col(k).eqNullSafe(F.col(f"last_{k}")) for k in keys], how="inner"
-    ).where(F.col("hour_ms") < F.col("last_hour_ms"))
-    return resumed.where(
-        (F.col("hour_ms") >= first_hour_ms) & (F.col("hour_ms") < end_hour_ms)
-    ).select(*keys, "hour_ms")
+    no hole; its unconsumed messages are reported as what they look like.
+
+    ``hours``: (source, process, consumer_group, hour_ms) of every hour a process wrote a file.
+    """
+    by_process = defaultdict(set)
+    for source, process, group, hour in hours:
+        by_process[(source, process, group)].add(hour)
+    gaps = []
+    for process, present in by_process.items():
+        last = max(present)
+        for hour in present:
+            missing = hour + HOUR_MS
+            if missing not in present and missing < last and first_hour_ms <= missing < end_hour_ms:
+                gaps.append((*process, missing))
+    return sorted(gaps, key=lambda g: (g[3], g[0], g[1], g[2] or ""))
 
 
-def gap_windows(gaps: DataFrame, grace_ms: int) -> DataFrame:
-    """(window_ms, consumer_group) whose pairs an input gap hides; a null group = every group."""
-    producer = gaps.where(F.col("source") == "producer").select(
-        F.col("hour_ms").alias("window_ms"), F.lit(None).cast("string").alias("consumer_group")
-    )
-    # A consumer gap at hour H hides deliveries of every window W with W <= H < W + 1h + grace.
+def gap_windows(gaps, grace_ms: int) -> list[tuple]:
+    """(window_ms, consumer_group) whose pairs an input gap hides; a null group = every group.
+
+    A consumer gap at hour H hides deliveries of every window W with W <= H < W + 1h + grace."""
     hours_back = (HOUR_MS + grace_ms - 1) // HOUR_MS
-    earliest = F.col("hour_ms") - F.lit(hours_back * HOUR_MS)
-    consumer = gaps.where(F.col("source") == "consumer").select(
-        F.explode(F.sequence(earliest.cast("long"), "hour_ms", F.lit(HOUR_MS))).alias("window_ms"),
-        "consumer_group",
-    )
-    return producer.unionByName(consumer).distinct()
+    windows = set()
+    for source, _, group, hour in gaps:
+        if source == "producer":
+            windows.add((hour, None))
+        else:
+            windows.update((hour - back * HOUR_MS, group) for back in range(hours_back + 1))
+    return sorted(windows, key=lambda w: (w[0], w[1] or ""))
 
 
-def malformed_hours(summary: DataFrame, day_start_ms: int) -> DataFrame:
-    """(window_ms, lines): malformed lines per file hour of the audited day."""
-    return (
-        summary.where(
-            F.col("malformed")
-            & (F.col("file_hour_ms") >= day_start_ms)
-            & (F.col("file_hour_ms") < day_start_ms + 24 * HOUR_MS)
+@dataclass(frozen=True)
+class LogFacts:
+    # (key_hash, exchange, routing_key, expected_groups, expected_bits, expected_words)
+    keys: list[tuple]
+    bound_groups: list[str]  # every group a binding names; its bit = its index
+    words: int
+    gaps: list[tuple]  # (source, process, consumer_group, hour_ms)
+    gap_windows: list[tuple]  # (window_ms, consumer_group)
+    malformed: list[tuple]  # (window_ms, lines) of the audited day
+    queue_groups: list[tuple]  # (queue, consumer_group) from the consumer logs and the bindings
+
+    @classmethod
+    def from_summary(
+        cls, summary, bindings: list[dict], day_start_ms: int, grace_ms: int
+    ) -> "LogFacts":
+        """``summary``: the collected rows of ``log_summary``; ``bindings``: the snapshot."""
+        day_end_ms = day_start_ms + 24 * HOUR_MS
+        valid = [row for row in summary if not row.malformed]
+        producer = [row for row in valid if row.source == "producer"]
+        consumer = [row for row in valid if row.source == "consumer"]
+        _distinct_ids({(r.exchange, r.routing_key): r.key_hash for r in producer}.items(), "keys")
+        _distinct_ids({r.consumer_group: r.group_hash for r in consumer}.items(), "groups")
+
+        bound = sorted({b["consumer_group"] for b in bindings})
+        bit = {group: i for i, group in enumerate(bound)}
+        words = max(1, math.ceil(len(bound) / WORD_BITS))
+        patterns = [
+            (b["exchange"], re.compile(topic_pattern_regex(b["routing_key"])), b["consumer_group"])
+            for b in bindings
+        ]
+        keys = []
+        for (exchange, routing_key), hashed in sorted(
+            {(r.exchange, r.routing_key): r.key_hash for r in producer}.items()
+        ):
+            groups = sorted(
+                {g for e, p, g in patterns if e == exchange and p.fullmatch(routing_key)}
+            )
+            mask = [0] * words
+            for group in groups:
+                mask[bit[group] // WORD_BITS] |= 1 << (bit[group] % WORD_BITS)
+            signed = [w - (1 << WORD_BITS) if w >= 1 << (WORD_BITS - 1) else w for w in mask]
+            keys.append((hashed, exchange, routing_key, groups, [bit[g] for g in groups], signed))
+
+        hours = {
+            (r.source, r.process, r.consumer_group, r.file_hour_ms)
+            for r in summary
+            if r.process is not None
+        }
+        grace_hours = math.ceil(grace_ms / HOUR_MS)
+        gaps = input_gaps(
+            [h for h in hours if h[0] == "producer"], day_start_ms, day_end_ms
+        ) + input_gaps(
+            [h for h in hours if h[0] == "consumer"],
+            day_start_ms,
+            day_end_ms + grace_hours * HOUR_MS,
         )
-        .groupBy(F.col("file_hour_ms").alias("window_ms"))
-        .agg(F.sum("lines").alias("lines"))
+        malformed = defaultdict(int)
+        for row in summary:
+            if row.malformed and day_start_ms <= row.file_hour_ms < day_end_ms:
+                malformed[row.file_hour_ms] += row.lines
+        queue_groups = {(r.queue, r.consumer_group) for r in consumer if r.queue is not None}
+        queue_groups |= {(b["queue"], b["consumer_group"]) for b in bindings if b.get("queue")}
+        return cls(
+            keys=keys,
+            bound_groups=bound,
+            words=words,
+            gaps=gaps,
+            gap_windows=gap_windows(gaps, grace_ms),
+            malformed=sorted(malformed.items()),
+            queue_groups=sorted(queue_groups),
+        )
+
+
+def _sql_literal(value, sql_type: str) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        # Every character that could end or bend the literal travels as a \\u escape.
+        safe = "".join(
+            c if c.isascii() and (c.isalnum() or c in " _-.:/#*+@") else _unicode_escape(c)
+            for c in value
+        )
+        return f"'{safe}'"
+    if isinstance(value, (list, tuple)):
+        element = sql_type.removeprefix("array<").removesuffix(">")
+        items = ", ".join(_sql_literal(v, element) for v in value)
+        return f"CAST(array({items}) AS {sql_type})"
+    raise TypeError(f"no SQL literal for {value!r}")
+
+
+def _unicode_escape(char: str) -> str:
+    encoded = char.encode("utf-16-be")
+    return "".join(
+        f"\\u{int.from_bytes(encoded[i : i + 2], 'big'):04x}" for i in range(0, len(encoded), 2)
     )
+
+
+def local_frame(spark: SparkSession, rows, columns: list[tuple[str, str]]) -> DataFrame:
+    """``rows`` as a local relation (``VALUES``) with ``columns`` [(name, sql type)]: broadcast
+    joins read it on the driver, without the Spark job a ``createDataFrame`` frame costs."""
+    names = [f"c{i}" for i in range(len(columns))]
+    data = list(rows)
+    where = "" if data else " WHERE false"
+    data = data or [tuple(None for _ in columns)]
+    values = ", ".join(
+        "(" + ", ".join(_sql_literal(v, t) for v, (_, t) in zip(row, columns, strict=True)) + ")"
+        for row in data
+    )
+    select = ", ".join(
+        f"CAST({c} AS {t}) AS {name}" for c, (name, t) in zip(names, columns, strict=True)
+    )
+    return spark.sql(f"SELECT {select} FROM VALUES {values} AS t({', '.join(names)}){where}")

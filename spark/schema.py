@@ -70,16 +70,6 @@ STORE_EXPORT_SCHEMA = T.StructType(
     ]
 )
 
-BINDINGS_SCHEMA = T.StructType(
-    [
-        T.StructField("exchange", T.StringType(), nullable=False),
-        T.StructField("routing_key", T.StringType(), nullable=False),
-        T.StructField("consumer_group", T.StringType(), nullable=False),
-        T.StructField("queue", T.StringType()),
-        T.StructField("pattern_regex", T.StringType(), nullable=False),
-    ]
-)
-
 # The parsed log frames: the schema columns plus where each line came from.
 LOG_PROVENANCE = T.StructType(
     [
@@ -107,26 +97,12 @@ def topic_pattern_regex(pattern: str) -> str:
     return f"^{out}$"
 
 
-def bindings_frame(spark: SparkSession, bindings: list[dict]) -> DataFrame:
+def load_bindings(path: str) -> list[dict]:
     """The bindings snapshot: which consumer group expects which exchange/routing-key pattern.
 
     Each entry is ``{"exchange", "routing_key", "consumer_group"}`` plus an optional ``"queue"``
     (maps the store's ``source_queue`` to the group). Fanout bindings use ``"#"``.
     """
-    rows = [
-        (
-            b["exchange"],
-            b["routing_key"],
-            b["consumer_group"],
-            b.get("queue"),
-            topic_pattern_regex(b["routing_key"]),
-        )
-        for b in bindings
-    ]
-    return spark.createDataFrame(rows, BINDINGS_SCHEMA)
-
-
-def load_bindings(path: str) -> list[dict]:
     with open(path, encoding="utf-8") as fh:
         bindings = json.load(fh)
     if not isinstance(bindings, list):

@@ -59,18 +59,18 @@ malformed    a line that does not parse against the schema, lacks a required fie
 
 # How the job computes it (not part of the contract above). Producer and consumer lines are
 # shuffled once each, by message_id. One hash aggregate folds them into a row per message
-# (``per_message``: first attempt, state, the groups that logged a line); a hash join hands each
-# consumer line its message's facts (``pair_contributions``); a second hash aggregate sums the
-# lines into pairs (``pairs``). Every aggregation buffer is fixed-width, so both run as generated
-# code: groups and routing keys travel as the small integer ids of ``spark/ids.py``, and a set
-# of groups as a bitmask. The logs' small facts (hours, malformed lines, keys, queues) come from
-# ``spark/log_facts.py``.
+# (``per_message``: first attempt, state, which groups logged a line); a hash join hands each
+# consumer line its message's facts (``pair_contributions``, reading the same consumer shuffle);
+# a second hash aggregate sums the lines into pairs (``pairs``). Every aggregation buffer is
+# fixed-width so both aggregates run as generated code: a routing key travels as a 64-bit hash,
+# the set of bound groups that logged a line as a bitmask. The logs' small facts (routing keys,
+# hours, malformed lines, queues) come from ``spark/log_facts.py``.
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from spark.ids import WORD_BITS
+from spark.log_facts import WORD_BITS, group_hash, key_hash
 from spark.schema import HOUR_MS
 
 CONSUMED_OUTCOMES = ("ack", "duplicate_skipped")
@@ -95,14 +95,14 @@ STORE_ROW_TYPE = T.StructType(
         T.StructField("kind", T.StringType()),
         T.StructField("reason", T.StringType()),
         T.StructField("replay_count", T.LongType()),
-        T.StructField("covered_gid", T.IntegerType()),
+        T.StructField("covered_group", T.StringType()),
     ]
 )
 
 # What one consumer line (or one silent expected group) adds to its pair.
 CONTRIBUTION_TYPE = T.StructType(
     [
-        T.StructField("gid", T.IntegerType()),
+        T.StructField("consumer_group", T.StringType()),
         T.StructField("deliveries", T.IntegerType()),
         T.StructField("redelivered", T.IntegerType()),
         T.StructField("late", T.IntegerType()),
@@ -113,6 +113,15 @@ CONTRIBUTION_TYPE = T.StructType(
         T.StructField("orphan_ts", T.LongType()),
     ]
 )
+
+KEY_COLUMNS = [
+    ("key_hash", "bigint"),
+    ("exchange", "string"),
+    ("routing_key", "string"),
+    ("expected_groups", "array<string>"),
+    ("expected_bits", "array<int>"),
+    ("expected_words", "array<bigint>"),
+]
 
 
 def valid_lines(logs: DataFrame) -> DataFrame:
@@ -128,15 +137,8 @@ def by_message(lines: DataFrame) -> DataFrame:
     return lines.repartition("message_id")
 
 
-def keyed_producer_lines(
-    producer_lines: DataFrame, keys: DataFrame, day_start_ms: int
-) -> DataFrame:
-    """Valid producer lines as ``per_message`` reads them: key id, attempt order, line state."""
-    lines = producer_lines.withColumn("routing_key", F.coalesce("routing_key", F.lit(""))).join(
-        F.broadcast(keys.select("exchange", "routing_key", "key_id")),
-        on=["exchange", "routing_key"],
-        how="left",
-    )
+def keyed_producer_lines(producer_lines: DataFrame, day_start_ms: int) -> DataFrame:
+    """Valid producer lines as ``per_message`` reads them: key hash, attempt order, line state."""
     ts = F.col("ts")
     attempt = F.least(F.greatest("attempt", F.lit(-(2**31))), F.lit(2**31 - 1)) + (2**31 + 1)
     in_span = (ts >= day_start_ms) & (ts < day_start_ms + ATTEMPT_ORDER_SPAN_MS)
@@ -146,102 +148,99 @@ def keyed_producer_lines(
     state = F.lit(0)
     for outcome, code in LINE_STATES.items():
         state = F.when(F.col("outcome") == outcome, code).otherwise(state)
-    return lines.select(
+    return producer_lines.select(
         "message_id",
         "ts",
         order.alias("attempt_order"),
-        "key_id",
+        key_hash().alias("key_hash"),
         state.cast("byte").alias("state"),
     )
 
 
-def grouped_consumer_lines(consumer_lines: DataFrame, groups: DataFrame) -> DataFrame:
-    """Valid consumer lines as the pair steps read them: group id, and the rest in ``line``.
+def grouped_consumer_lines(consumer_lines: DataFrame, bound_groups: DataFrame) -> DataFrame:
+    """Valid consumer lines as the pair steps read them: group, its hash and bit, and ``line``.
 
     ``per_message`` and ``pair_contributions`` read this frame's shuffle once between them only if
     both keep every column of it (else column pruning makes two different shuffles), hence one
-    struct that ``per_message`` references whole."""
+    struct that ``per_message`` references whole. ``bound_groups``: (consumer_group, bit)."""
     line = F.struct(
         "consumer",
         "ts",
         F.coalesce("redelivered", F.lit(False)).alias("redelivered"),
         F.col("outcome").isin(*CONSUMED_OUTCOMES).alias("consuming"),
     )
-    return consumer_lines.join(F.broadcast(groups), on="consumer_group", how="left").select(
-        "message_id", "gid", line.alias("line")
+    return consumer_lines.join(F.broadcast(bound_groups), on="consumer_group", how="left").select(
+        "message_id", "consumer_group", group_hash().alias("group_hash"), "bit", line.alias("line")
     )
-
-
-def _bit(gid: Column) -> Column:
-    return F.call_function("shiftleft", F.lit(1).cast("long"), F.pmod(gid, F.lit(WORD_BITS)))
-
-
-def _word(gid: Column) -> Column:
-    return F.floor(gid / WORD_BITS).cast("int")
 
 
 def per_message(producers: DataFrame, consumers: DataFrame, words: int) -> DataFrame:
     """One row per message_id of either log (both ``by_message``): first attempt time and key,
-    attempts, publish state, and the groups that logged a line (lowest ``min_gid``, bitmask
-    ``seen_0``..). The union keeps the shuffles' partitioning, so this adds no shuffle."""
+    attempts, publish state, and which groups logged a line (lowest ``min_group_hash``, bound
+    groups' bitmask ``seen_0``..). The union keeps the shuffles' partitioning: no new shuffle."""
     none = {
         "ts": "long",
         "attempt_order": "long",
-        "key_id": "int",
+        "key_hash": "long",
         "state": "byte",
-        "gid": "int",
+        "group_hash": "long",
+        "bit": "int",
         "line": consumers.schema["line"].dataType.simpleString(),
     }
 
     def aligned(frame: DataFrame) -> DataFrame:
-        return frame.select(
+        return frame.selectExpr(
             "message_id",
-            *[
-                F.col(c) if c in frame.columns else F.lit(None).cast(t).alias(c)
-                for c, t in none.items()
-            ],
+            *[c if c in frame.columns else f"CAST(NULL AS {t}) AS {c}" for c, t in none.items()],
         )
 
-    consumed_gid = F.col("gid")
-    lines = aligned(producers).unionByName(aligned(consumers))
-    facts = lines.groupBy("message_id").agg(
-        F.min("ts").alias("first_ts"),
-        F.min_by("key_id", "attempt_order").alias("key_id"),
-        F.count("attempt_order").alias("attempts"),
-        F.max("state").alias("state"),
-        F.min(consumed_gid).alias("min_gid"),
-        # A whole-struct reference (count("line") would be simplified to count(1) and lost).
-        F.count(F.when(F.col("gid").isNotNull(), F.col("line"))).alias("line_count"),
-        *[
-            F.bit_or(F.when(_word(consumed_gid) == w, _bit(consumed_gid))).alias(f"seen_{w}")
-            for w in range(words)
-        ],
+    facts = (
+        aligned(producers)
+        .unionByName(aligned(consumers))
+        .groupBy("message_id")
+        .agg(
+            F.min("ts").alias("first_ts"),
+            F.min_by("key_hash", "attempt_order").alias("key_hash"),
+            F.count("attempt_order").alias("attempts"),
+            F.max("state").alias("state"),
+            F.min("group_hash").alias("min_group_hash"),
+            # A whole-struct reference (count("line") would be simplified to count(1) and lost).
+            F.count(F.when(F.col("group_hash").isNotNull(), F.col("line"))).alias("line_count"),
+            *[
+                F.expr(
+                    f"bit_or(CASE WHEN floor(bit / {WORD_BITS}) = {w} "
+                    f"THEN shiftleft(1L, pmod(bit, {WORD_BITS})) END) AS seen_{w}"
+                )
+                for w in range(words)
+            ],
+        )
     )
     return facts.withColumn("window_ms", hour_of(F.col("first_ts")))
 
 
 def with_expected(messages: DataFrame, keys: DataFrame) -> DataFrame:
-    """Adds the first attempt's exchange id and expected groups (ids, sorted, and bitmask)."""
+    """Adds the first attempt's expected groups: names (sorted), bits and bitmask."""
     return messages.join(
-        F.broadcast(keys.select("key_id", "exchange_id", "expected_gids", "expected_words")),
-        on="key_id",
+        F.broadcast(keys.select("key_hash", "expected_groups", "expected_bits", "expected_words")),
+        on="key_hash",
         how="left",
     )
 
 
 def _contribution(
-    gid: Column,
-    primary: Column,
-    expected: Column,
-    deliveries: Column | int = 0,
-    redelivered: Column | int = 0,
-    late: Column | int = 0,
-    consuming_ts: Column | None = None,
-    orphan_consumer: Column | None = None,
-    orphan_ts: Column | None = None,
-) -> Column:
+    group: str,
+    primary: str,
+    expected: str,
+    deliveries: str = "0",
+    redelivered: str = "0",
+    late: str = "0",
+    consuming_ts: str = "NULL",
+    orphan_consumer: str = "NULL",
+    orphan_ts: str = "NULL",
+) -> str:
+    """SQL: a ``CONTRIBUTION_TYPE`` struct from SQL expressions for its fields."""
     values = (
-        gid,
+        group,
         deliveries,
         redelivered,
         late,
@@ -251,95 +250,87 @@ def _contribution(
         orphan_consumer,
         orphan_ts,
     )
-    return F.struct(
-        *[
-            (v if isinstance(v, Column) else F.lit(v)).cast(f.dataType).alias(f.name)
-            for v, f in zip(values, CONTRIBUTION_TYPE.fields, strict=True)
-        ]
+    fields = ", ".join(
+        f"'{f.name}', CAST({v} AS {f.dataType.simpleString()})"
+        for v, f in zip(values, CONTRIBUTION_TYPE.fields, strict=True)
     )
+    return f"named_struct({fields})"
 
 
 def pair_contributions(
     messages: DataFrame, consumers: DataFrame, day_start_ms: int, grace_ms: int, words: int
 ) -> DataFrame:
     """Each consumer line joined to its message, as what it adds to its pair; plus a zero
-    contribution for every expected group that logged no line (``silent``), and one for the
-    null group of a message with neither lines nor expected groups. Orphan lines (message_id
-    unknown to the producer logs) of the day carry ``orphan_consumer``/``orphan_ts``.
+    contribution for every expected group that logged no line (silent), and one for the null
+    group of a message with neither lines nor expected groups. Orphan lines of the day (a
+    message_id no producer line has) carry ``orphan_consumer``/``orphan_ts``.
 
     ``messages``: ``with_expected(per_message(...))``; ``consumers``: the same ``by_message``
-    frame ``per_message`` read, so the join reuses its shuffle.
+    frame ``per_message`` read, so the join reuses its shuffle. The expressions are SQL text:
+    one round trip to the JVM each instead of one per operator.
     """
     joined = messages.join(consumers.hint("shuffle_hash"), on="message_id", how="left").select(
         "*", "line.*"
     )
     day_end_ms = day_start_ms + 24 * HOUR_MS
-    ts, gid, window = F.col("ts"), F.col("gid"), F.col("window_ms")
-    orphan = F.col("first_ts").isNull()
-    in_day = (window >= day_start_ms) & (window < day_end_ms)
-    line_in_day = (ts >= day_start_ms) & (ts < day_end_ms)
-    has_line = ts.isNotNull()
-    on_time = ~orphan & has_line & (ts < window + (HOUR_MS + grace_ms))
-    expected_gids = F.coalesce("expected_gids", F.array().cast("array<int>"))
-    primary_gid = F.when(F.size(expected_gids) > 0, F.element_at(expected_gids, 1)).otherwise(
-        F.col("min_gid")
-    )
+    orphan = "first_ts IS NULL"
+    on_time = f"(NOT {orphan} AND ts IS NOT NULL AND ts < window_ms + {HOUR_MS + grace_ms})"
+    expected = "coalesce(expected_groups, CAST(array() AS array<string>))"
+    first_expected = f"try_element_at({expected}, 1)"
+
+    def primary(group: str) -> str:
+        return (
+            f"coalesce(CASE WHEN size({expected}) > 0 THEN {group} = {first_expected} "
+            "ELSE group_hash = min_group_hash END, false)"
+        )
+
     line = _contribution(
-        gid,
-        F.coalesce(gid == primary_gid, F.lit(False)),
-        F.array_contains(expected_gids, gid),
-        F.when(on_time, 1).otherwise(0),
-        F.when(on_time & F.col("redelivered"), 1).otherwise(0),
-        F.when(~orphan & has_line & ~on_time, 1).otherwise(0),
-        F.when(on_time & F.col("consuming"), ts),
-        F.when(orphan, F.col("consumer")),
-        F.when(orphan, ts),
+        "consumer_group",
+        primary("consumer_group"),
+        f"array_contains({expected}, consumer_group)",
+        deliveries=f"CASE WHEN {on_time} THEN 1 ELSE 0 END",
+        redelivered=f"CASE WHEN {on_time} AND redelivered THEN 1 ELSE 0 END",
+        late=f"CASE WHEN NOT {orphan} AND ts IS NOT NULL AND NOT {on_time} THEN 1 ELSE 0 END",
+        consuming_ts=f"CASE WHEN {on_time} AND consuming THEN ts END",
+        orphan_consumer=f"CASE WHEN {orphan} THEN consumer END",
+        orphan_ts=f"CASE WHEN {orphan} THEN ts END",
     )
-    seen = [F.coalesce(F.col(f"seen_{w}"), F.lit(0).cast("long")) for w in range(words)]
-    has_silent = F.lit(False)
-    for w in range(words):
-        expected_word = F.coalesce(F.element_at("expected_words", w + 1), F.lit(0).cast("long"))
-        has_silent = has_silent | (expected_word.bitwiseAND(F.bitwise_not(seen[w])) != 0)
-
-    def unseen(g: Column) -> Column:
-        word = seen[0] if words == 1 else F.element_at(F.array(*seen), _word(g) + 1)
-        return word.bitwiseAND(_bit(g)) == 0
-
-    silent = F.transform(
-        F.filter(expected_gids, unseen),
-        lambda g: _contribution(g, g == primary_gid, F.lit(True)),
+    seen = [f"coalesce(seen_{w}, 0L)" for w in range(words)]
+    has_silent = " OR ".join(
+        f"(coalesce(try_element_at(expected_words, {w + 1}), 0L) & ~{seen[w]}) != 0"
+        for w in range(words)
     )
-    nobody = F.array(_contribution(F.lit(None), F.lit(True), F.lit(False)))
-    none = F.array().cast(T.ArrayType(CONTRIBUTION_TYPE))
-    contributions = F.concat(
-        F.when(has_line, F.array(line)).otherwise(none),
-        F.when(~orphan & has_silent, silent).otherwise(none),
-        F.when(
-            ~orphan & (F.col("line_count") == 0) & (F.size(expected_gids) == 0), nobody
-        ).otherwise(none),
+    seen_word = (
+        seen[0]
+        if words == 1
+        else f"element_at(array({', '.join(seen)}), CAST(floor(e.expected_bits / {WORD_BITS}) "
+        "AS int) + 1)"
     )
+    unseen = f"({seen_word} & shiftleft(1L, pmod(e.expected_bits, {WORD_BITS}))) = 0"
+    silent_one = _contribution("e.expected_groups", f"e.expected_groups = {first_expected}", "true")
+    silent = (
+        f"transform(filter(arrays_zip(expected_groups, expected_bits), e -> {unseen}), "
+        f"e -> {silent_one})"
+    )
+    nobody = _contribution("NULL", "true", "false")
+    none = f"CAST(array() AS {T.ArrayType(CONTRIBUTION_TYPE).simpleString()})"
+    contributions = (
+        f"concat(CASE WHEN ts IS NOT NULL THEN array({line}) ELSE {none} END, "
+        f"CASE WHEN NOT {orphan} AND ({has_silent}) THEN {silent} ELSE {none} END, "
+        f"CASE WHEN NOT {orphan} AND line_count = 0 AND size({expected}) = 0 "
+        f"THEN array({nobody}) ELSE {none} END)"
+    )
+    message = ["message_id", "first_ts", "window_ms", "key_hash", "attempts", "state"]
+    in_day = f"window_ms >= {day_start_ms} AND window_ms < {day_end_ms}"
+    line_in_day = f"ts >= {day_start_ms} AND ts < {day_end_ms}"
     return (
-        joined.where(in_day | (orphan & line_in_day))
-        .select(
-            "message_id",
-            "first_ts",
-            F.when(orphan, hour_of(ts)).otherwise(window).alias("window_ms"),
-            "key_id",
-            "exchange_id",
-            "attempts",
-            "state",
-            F.explode(contributions).alias("c"),
-        )
-        .select(
-            "message_id",
-            "first_ts",
+        joined.where(f"({in_day}) OR ({orphan} AND {line_in_day})")
+        .withColumn(
             "window_ms",
-            "key_id",
-            "exchange_id",
-            "attempts",
-            "state",
-            "c.*",
+            F.expr(f"CASE WHEN {orphan} THEN ts - pmod(ts, {HOUR_MS}) ELSE window_ms END"),
         )
+        .selectExpr(*message, f"explode({contributions}) AS c")
+        .select(*message, "c.*")
     )
 
 
@@ -347,11 +338,10 @@ def pairs(contributions: DataFrame) -> DataFrame:
     """One row per (message, group), or per distinct orphan line (``lines`` = its copies).
 
     Keyed under message_id, so the aggregate runs on the shuffle's partitions."""
-    return contributions.groupBy("message_id", "gid", "orphan_consumer", "orphan_ts").agg(
-        *[
-            F.first(c).alias(c)
-            for c in ("first_ts", "window_ms", "key_id", "exchange_id", "attempts", "state")
-        ],
+    return contributions.groupBy(
+        "message_id", "consumer_group", "orphan_consumer", "orphan_ts"
+    ).agg(
+        *[F.first(c).alias(c) for c in ("first_ts", "window_ms", "key_hash", "attempts", "state")],
         F.max("primary").alias("primary"),
         F.max("expected").alias("expected"),
         F.sum("deliveries").alias("deliveries"),
@@ -363,17 +353,13 @@ def pairs(contributions: DataFrame) -> DataFrame:
     )
 
 
-def store_rows(store: DataFrame, queue_group: DataFrame, groups: DataFrame) -> DataFrame:
+def store_rows(store: DataFrame, queue_groups: DataFrame) -> DataFrame:
     """message_id -> its store rows (each once per group its source queue belongs to), and the
-    first ``store_id``."""
-    rows = (
-        store.where(F.col("message_id").isNotNull())
-        .join(
-            F.broadcast(queue_group.withColumnRenamed("queue", "source_queue")),
-            on="source_queue",
-            how="left",
-        )
-        .join(F.broadcast(groups), on="consumer_group", how="left")
+    first ``store_id``. ``queue_groups``: (queue, consumer_group)."""
+    rows = store.where(F.col("message_id").isNotNull()).join(
+        F.broadcast(queue_groups.withColumnRenamed("queue", "source_queue")),
+        on="source_queue",
+        how="left",
     )
     row = F.struct(
         (F.unix_micros("collected_at") / 1000).cast("long").alias("collected_ms"),
@@ -381,7 +367,7 @@ def store_rows(store: DataFrame, queue_group: DataFrame, groups: DataFrame) -> D
         F.col("kind").alias("kind"),
         F.col("reason").alias("reason"),
         F.coalesce("replay_count", F.lit(0).cast("long")).alias("replay_count"),
-        F.when(F.col("kind") == "dead_letter", F.col("gid")).alias("covered_gid"),
+        F.when(F.col("kind") == "dead_letter", F.col("consumer_group")).alias("covered_group"),
     )
     return rows.groupBy("message_id").agg(
         F.collect_list(row).alias("store_rows"), F.min("id").alias("store_id")
@@ -398,10 +384,10 @@ def classify_pairs(pairs: DataFrame) -> DataFrame:
     """Per pair: consumed, dead-lettered, recovered, unaccounted, duplicates by cause.
 
     Few pairs have store rows: the others skip the array functions."""
-    gid = F.col("gid")
+    group = F.col("consumer_group")
 
     def covers(row: Column) -> Column:
-        return row["covered_gid"].isNull() | (row["covered_gid"] == gid)
+        return row["covered_group"].isNull() | (row["covered_group"] == group)
 
     stored = F.coalesce(F.size("store_rows") > 0, F.lit(False))
     with_rows = pairs.withColumns(
@@ -409,7 +395,7 @@ def classify_pairs(pairs: DataFrame) -> DataFrame:
             "dead_letters": F.when(
                 stored,
                 F.filter("store_rows", lambda s: (s["kind"] == "dead_letter") & covers(s)),
-            ).otherwise(F.array().cast(T.ArrayType(STORE_ROW_TYPE))),
+            ).otherwise(F.array().cast(T.ArrayType(STORE_ROW_TYPE).simpleString())),
             "covered": stored & F.exists("store_rows", covers),
         }
     )
@@ -430,9 +416,8 @@ def classify_pairs(pairs: DataFrame) -> DataFrame:
     return with_rows.select(
         "message_id",
         "window_ms",
-        "key_id",
-        "exchange_id",
-        "gid",
+        "key_hash",
+        "consumer_group",
         "primary",
         "attempts",
         "state",
@@ -461,17 +446,25 @@ def classify_pairs(pairs: DataFrame) -> DataFrame:
     )
 
 
-def mark_gaps(pairs: DataFrame, gap_window: DataFrame) -> DataFrame:
-    """Adds ``in_input_gap``; ``gap_window``: (window_ms, gid), a null gid = every group."""
-    producer = gap_window.where(F.col("gid").isNull()).select(
+def with_key_names(pairs: DataFrame, keys: DataFrame) -> DataFrame:
+    """key_hash -> exchange, routing_key."""
+    return pairs.join(
+        F.broadcast(keys.select("key_hash", "exchange", "routing_key")), on="key_hash", how="left"
+    ).drop("key_hash")
+
+
+def mark_gaps(rows: DataFrame, gap_window: DataFrame) -> DataFrame:
+    """Adds ``in_input_gap`` by (window_ms, consumer_group); ``gap_window``: (window_ms,
+    consumer_group), a null group = every group."""
+    producer = gap_window.where(F.col("consumer_group").isNull()).select(
         "window_ms", F.lit(True).alias("producer_gap")
     )
-    consumer = gap_window.where(F.col("gid").isNotNull()).select(
-        "window_ms", "gid", F.lit(True).alias("consumer_gap")
+    consumer = gap_window.where(F.col("consumer_group").isNotNull()).select(
+        "window_ms", "consumer_group", F.lit(True).alias("consumer_gap")
     )
     return (
-        pairs.join(F.broadcast(producer), on="window_ms", how="left")
-        .join(F.broadcast(consumer), on=["window_ms", "gid"], how="left")
+        rows.join(F.broadcast(producer), on="window_ms", how="left")
+        .join(F.broadcast(consumer), on=["window_ms", "consumer_group"], how="left")
         .withColumn(
             "in_input_gap",
             F.coalesce("producer_gap", F.lit(False)) | F.coalesce("consumer_gap", F.lit(False)),

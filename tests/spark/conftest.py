@@ -13,7 +13,6 @@ from spark.schema import (
     LOG_PROVENANCE,
     PRODUCER_LOG_SCHEMA,
     STORE_EXPORT_SCHEMA,
-    bindings_frame,
     epoch_ms,
 )
 
@@ -132,7 +131,7 @@ def audit(spark):
             log_frame(spark, PRODUCER_LOG_SCHEMA, producers),
             log_frame(spark, CONSUMER_LOG_SCHEMA, consumers),
             spark.createDataFrame(list(store), STORE_EXPORT_SCHEMA),
-            bindings_frame(spark, bindings),
+            bindings,
             DAY_MS,
             grace_minutes * 60_000,
             sla_ms,
