@@ -130,7 +130,7 @@ def audit_frames(
         day_start_ms,
         grace_ms,
     )
-    keys = log_facts.local_frame(spark, facts.keys, transforms.KEY_COLUMNS)
+    keys = log_facts.local_frame(spark, facts.keys, facts.key_columns())
     gaps = log_facts.local_frame(
         spark,
         facts.gaps,
@@ -158,10 +158,12 @@ def audit_frames(
         )
     )
     messages = transforms.with_expected(
-        transforms.per_message(producers, consumers, facts.words), keys
+        transforms.per_message(producers, consumers, facts.words), keys, facts.words
     )
     pairs = transforms.pairs(
-        transforms.pair_contributions(messages, consumers, day_start_ms, grace_ms, facts.words)
+        transforms.pair_contributions(
+            messages, consumers, day_start_ms, grace_ms, facts.bound_groups
+        )
     )
     stored = transforms.store_rows(
         store,

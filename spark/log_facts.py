@@ -18,7 +18,9 @@ from pyspark.sql import functions as F
 
 from spark.schema import HOUR_MS, topic_pattern_regex
 
-WORD_BITS = 64  # a set of bound groups is a bitmask of ``LogFacts.words`` longs
+# A set of bound groups is a bitmask of ``LogFacts.words`` longs, 63 bits each: never negative,
+# so ``x & -x`` (the lowest bit) cannot overflow.
+WORD_BITS = 63
 
 
 def key_hash() -> Column:
@@ -99,7 +101,7 @@ def gap_windows(gaps, grace_ms: int) -> list[tuple]:
 
 @dataclass(frozen=True)
 class LogFacts:
-    # (key_hash, exchange, routing_key, expected_groups, expected_bits, expected_words)
+    # (key_hash, exchange, routing_key, expected_0, ..): the bound groups' bitmask per key
     keys: list[tuple]
     bound_groups: list[str]  # every group a binding names; its bit = its index
     words: int
@@ -137,8 +139,7 @@ class LogFacts:
             mask = [0] * words
             for group in groups:
                 mask[bit[group] // WORD_BITS] |= 1 << (bit[group] % WORD_BITS)
-            signed = [w - (1 << WORD_BITS) if w >= 1 << (WORD_BITS - 1) else w for w in mask]
-            keys.append((hashed, exchange, routing_key, groups, [bit[g] for g in groups], signed))
+            keys.append((hashed, exchange, routing_key, *mask))
 
         hours = {
             (r.source, r.process, r.consumer_group, r.file_hour_ms)
@@ -169,8 +170,17 @@ class LogFacts:
             queue_groups=sorted(queue_groups),
         )
 
+    def key_columns(self) -> list[tuple[str, str]]:
+        expected = [(f"expected_{w}", "bigint") for w in range(self.words)]
+        return [
+            ("key_hash", "bigint"),
+            ("exchange", "string"),
+            ("routing_key", "string"),
+            *expected,
+        ]
 
-def _sql_literal(value, sql_type: str) -> str:
+
+def sql_literal(value, sql_type: str) -> str:
     if value is None:
         return "NULL"
     if isinstance(value, bool):
@@ -186,7 +196,7 @@ def _sql_literal(value, sql_type: str) -> str:
         return f"'{safe}'"
     if isinstance(value, (list, tuple)):
         element = sql_type.removeprefix("array<").removesuffix(">")
-        items = ", ".join(_sql_literal(v, element) for v in value)
+        items = ", ".join(sql_literal(v, element) for v in value)
         return f"CAST(array({items}) AS {sql_type})"
     raise TypeError(f"no SQL literal for {value!r}")
 
@@ -206,7 +216,7 @@ def local_frame(spark: SparkSession, rows, columns: list[tuple[str, str]]) -> Da
     where = "" if data else " WHERE false"
     data = data or [tuple(None for _ in columns)]
     values = ", ".join(
-        "(" + ", ".join(_sql_literal(v, t) for v, (_, t) in zip(row, columns, strict=True)) + ")"
+        "(" + ", ".join(sql_literal(v, t) for v, (_, t) in zip(row, columns, strict=True)) + ")"
         for row in data
     )
     select = ", ".join(

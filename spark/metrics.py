@@ -144,7 +144,7 @@ def _producer_counts(scope: str | None) -> list[str]:
 def _pair_counts(final: str, sla_ms: int) -> list[str]:
     """Aggregates over rollup rows of pairs; ``final`` says whether a row's window is FINAL.
 
-    ``latencies`` (the histogram) and ``on_clock`` feed ``_with_quantiles``."""
+    Percentiles come from ``_with_quantiles``."""
     on_clock = _sum("pairs", "latency_ms >= 0")
     return [
         *[
@@ -167,24 +167,43 @@ def _pair_counts(final: str, sla_ms: int) -> list[str]:
         f"{_sum('pairs', 'latency_ms < 0')} AS clock_skew",
         f"try_divide({_sum('pairs', f'latency_ms BETWEEN 0 AND {sla_ms}')}, {on_clock})"
         " AS within_sla_share",
-        f"{on_clock} AS on_clock",
         "max(CASE WHEN latency_ms >= 0 THEN latency_ms END) AS latency_max_ms",
-        "collect_list(CASE WHEN latency_ms >= 0 THEN named_struct('latency', latency_ms, 'n',"
-        " pairs) END) AS latencies",
     ]
 
 
-def _with_quantiles(counts: DataFrame) -> DataFrame:
-    """Exact nearest-rank percentiles from ``latencies``: the first latency, in order, whose
-    cumulative count reaches ceil(p x on_clock)."""
-    ordered = counts.withColumn("latencies", F.expr("array_sort(latencies)"))
-    quantiles = [
-        "aggregate(latencies, named_struct('rank', 0L, 'value', CAST(NULL AS BIGINT)), "
-        "(a, x) -> named_struct('rank', a.rank + x.n, 'value', coalesce(a.value, "
-        f"IF(a.rank + x.n >= ceil({q} * on_clock), x.latency, NULL))), a -> a.value) AS {name}"
-        for q, name in QUANTILES
-    ]
-    return ordered.select("*", *_exprs(*quantiles)).drop("latencies", "on_clock")
+def _with_quantiles(counts: DataFrame, pair_rows: DataFrame, keys: list[str]) -> DataFrame:
+    """Adds exact nearest-rank percentiles per ``keys``: walking the latency histogram in order,
+    the first latency whose cumulative count reaches ceil(p x n)."""
+    histogram = (
+        pair_rows.where("latency_ms >= 0")
+        .groupBy(*keys, "latency_ms")
+        .agg(F.expr("sum(pairs) AS n"))
+        .groupBy(*keys)
+        .agg(
+            F.expr("array_sort(collect_list(named_struct('latency', latency_ms, 'n', n))) AS h"),
+            F.expr("sum(n) AS count"),
+        )
+    )
+    start = ", ".join(["'rank', 0L", *[f"'{name}', CAST(NULL AS BIGINT)" for _, name in QUANTILES]])
+    step = ", ".join(
+        [
+            "'rank', a.rank + x.n",
+            *[
+                f"'{name}', coalesce(a.{name}, "
+                f"IF(a.rank + x.n >= ceil({q} * count), x.latency, NULL))"
+                for q, name in QUANTILES
+            ],
+        ]
+    )
+    walked = histogram.selectExpr(
+        *keys, f"aggregate(h, named_struct({start}), (a, x) -> named_struct({step})) AS q"
+    ).selectExpr(*keys, *[f"q.{name}" for _, name in QUANTILES])
+    if not keys:
+        return counts.crossJoin(walked)
+    joined = counts.join(
+        F.broadcast(walked), on=[counts[k].eqNullSafe(walked[k]) for k in keys], how="left"
+    )
+    return joined.select(counts["*"], *[walked[name] for _, name in QUANTILES])
 
 
 def _typed(metric: str, expression: str | None = None) -> str:
@@ -206,10 +225,14 @@ def window_metrics(
     ``input_gaps``; ``orphan_consumptions`` sit on rows with a null exchange and the group.
     """
     final = _final(grace_ms, now_ms)
+    keys = ["window_ms", "exchange", "consumer_group"]
+    pair_rows = rolled.where("NOT orphan")
     published = _with_quantiles(
-        rolled.where("NOT orphan")
-        .groupBy("window_ms", "exchange", "consumer_group")
-        .agg(*_exprs(*_producer_counts(None), *_pair_counts(final, sla_ms)))
+        pair_rows.groupBy(*keys).agg(
+            *_exprs(*_producer_counts(None), *_pair_counts(final, sla_ms))
+        ),
+        pair_rows,
+        keys,
     )
     orphan_rows = (
         rolled.where("orphan")
@@ -267,15 +290,18 @@ def totals(
     ``lost`` and ``loss_ppm`` cover the FINAL windows; ``status`` is FINAL when all windows are.
     """
     final = _final(grace_ms, now_ms)
+    pair_rows = rolled.where("NOT orphan")
     over_pairs = _with_quantiles(
-        rolled.where("NOT orphan").agg(
+        pair_rows.agg(
             *_exprs(
                 *_producer_counts("primary"),
                 *_pair_counts(final, sla_ms),
                 f"{_sum('pairs', f'NOT {final}')} AS provisional_pairs",
                 f"{_sum('expected_confirmed', final)} AS final_expected_confirmed",
             )
-        )
+        ),
+        pair_rows,
+        [],
     )
     side = (
         rolled.where("orphan")

@@ -70,7 +70,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from spark.log_facts import WORD_BITS, group_hash, key_hash
+from spark.log_facts import WORD_BITS, group_hash, key_hash, sql_literal
 from spark.schema import HOUR_MS
 
 CONSUMED_OUTCOMES = ("ack", "duplicate_skipped")
@@ -114,15 +114,6 @@ CONTRIBUTION_TYPE = T.StructType(
     ]
 )
 
-KEY_COLUMNS = [
-    ("key_hash", "bigint"),
-    ("exchange", "string"),
-    ("routing_key", "string"),
-    ("expected_groups", "array<string>"),
-    ("expected_bits", "array<int>"),
-    ("expected_words", "array<bigint>"),
-]
-
 
 def valid_lines(logs: DataFrame) -> DataFrame:
     return logs.where(~F.col("malformed"))
@@ -158,19 +149,21 @@ def keyed_producer_lines(producer_lines: DataFrame, day_start_ms: int) -> DataFr
 
 
 def grouped_consumer_lines(consumer_lines: DataFrame, bound_groups: DataFrame) -> DataFrame:
-    """Valid consumer lines as the pair steps read them: group, its hash and bit, and ``line``.
+    """Valid consumer lines as the pair steps read them: the group's hash and bit, and ``line``.
 
     ``per_message`` and ``pair_contributions`` read this frame's shuffle once between them only if
-    both keep every column of it (else column pruning makes two different shuffles), hence one
-    struct that ``per_message`` references whole. ``bound_groups``: (consumer_group, bit)."""
+    both keep every column of it (else column pruning makes two different shuffles): what only
+    the join needs travels in one struct that ``per_message`` references whole.
+    ``bound_groups``: (consumer_group, bit)."""
     line = F.struct(
+        "consumer_group",
         "consumer",
         "ts",
         F.coalesce("redelivered", F.lit(False)).alias("redelivered"),
         F.col("outcome").isin(*CONSUMED_OUTCOMES).alias("consuming"),
     )
     return consumer_lines.join(F.broadcast(bound_groups), on="consumer_group", how="left").select(
-        "message_id", "consumer_group", group_hash().alias("group_hash"), "bit", line.alias("line")
+        "message_id", group_hash().alias("group_hash"), "bit", line.alias("line")
     )
 
 
@@ -208,8 +201,8 @@ def per_message(producers: DataFrame, consumers: DataFrame, words: int) -> DataF
             F.count(F.when(F.col("group_hash").isNotNull(), F.col("line"))).alias("line_count"),
             *[
                 F.expr(
-                    f"bit_or(CASE WHEN floor(bit / {WORD_BITS}) = {w} "
-                    f"THEN shiftleft(1L, pmod(bit, {WORD_BITS})) END) AS seen_{w}"
+                    f"coalesce(bit_or(CASE WHEN floor(bit / {WORD_BITS}) = {w} "
+                    f"THEN shiftleft(1L, pmod(bit, {WORD_BITS})) END), 0L) AS seen_{w}"
                 )
                 for w in range(words)
             ],
@@ -218,13 +211,12 @@ def per_message(producers: DataFrame, consumers: DataFrame, words: int) -> DataF
     return facts.withColumn("window_ms", hour_of(F.col("first_ts")))
 
 
-def with_expected(messages: DataFrame, keys: DataFrame) -> DataFrame:
-    """Adds the first attempt's expected groups: names (sorted), bits and bitmask."""
+def with_expected(messages: DataFrame, keys: DataFrame, words: int) -> DataFrame:
+    """Adds the first attempt's expected groups as a bitmask of bound groups (``expected_0``..)."""
+    expected = [f"expected_{w}" for w in range(words)]
     return messages.join(
-        F.broadcast(keys.select("key_hash", "expected_groups", "expected_bits", "expected_words")),
-        on="key_hash",
-        how="left",
-    )
+        F.broadcast(keys.select("key_hash", *expected)), on="key_hash", how="left"
+    ).fillna(0, subset=expected)
 
 
 def _contribution(
@@ -257,8 +249,50 @@ def _contribution(
     return f"named_struct({fields})"
 
 
+class _Bits:
+    """SQL over the bound groups' bitmasks: ``expected_w`` (the first attempt's key) and
+    ``seen_w`` (the groups that logged a line), ``WORD_BITS`` bits per word."""
+
+    def __init__(self, words: int):
+        self.words = range(words)
+
+    def _word(self, column: str, bit: str) -> str:
+        if len(self.words) == 1:
+            return f"{column}_0"
+        cases = " ".join(f"WHEN {w} THEN {column}_{w}" for w in self.words)
+        return f"CASE CAST(floor({bit} / {WORD_BITS}) AS int) {cases} END"
+
+    def mask(self, bit: str) -> str:
+        return f"shiftleft(1L, pmod({bit}, {WORD_BITS}))"
+
+    def expected(self, bit: str) -> str:
+        return f"coalesce(({self._word('expected', bit)} & {self.mask(bit)}) != 0, false)"
+
+    def unseen(self, bit: str) -> str:
+        return f"({self._word('seen', bit)} & {self.mask(bit)}) = 0"
+
+    def any_expected(self) -> str:
+        return " OR ".join(f"expected_{w} != 0" for w in self.words)
+
+    def any_silent(self) -> str:
+        return " OR ".join(f"(expected_{w} & ~seen_{w}) != 0" for w in self.words)
+
+    def is_first_expected(self, bit: str) -> str:
+        """Whether ``bit`` is the lowest expected bit: the first expected group by name."""
+        cases = " ".join(
+            f"WHEN expected_{w} != 0 THEN CAST(floor({bit} / {WORD_BITS}) AS int) = {w} "
+            f"AND {self.mask(bit)} = (expected_{w} & -expected_{w})"
+            for w in self.words
+        )
+        return f"coalesce(CASE {cases} END, false)"
+
+
 def pair_contributions(
-    messages: DataFrame, consumers: DataFrame, day_start_ms: int, grace_ms: int, words: int
+    messages: DataFrame,
+    consumers: DataFrame,
+    day_start_ms: int,
+    grace_ms: int,
+    bound_groups: list[str],
 ) -> DataFrame:
     """Each consumer line joined to its message, as what it adds to its pair; plus a zero
     contribution for every expected group that logged no line (silent), and one for the null
@@ -266,28 +300,21 @@ def pair_contributions(
     message_id no producer line has) carry ``orphan_consumer``/``orphan_ts``.
 
     ``messages``: ``with_expected(per_message(...))``; ``consumers``: the same ``by_message``
-    frame ``per_message`` read, so the join reuses its shuffle. The expressions are SQL text:
-    one round trip to the JVM each instead of one per operator.
+    frame ``per_message`` read, so the join reuses its shuffle. ``bound_groups``: the names of
+    the bits. The expressions are SQL text: one round trip to the JVM each, not one per operator.
     """
     joined = messages.join(consumers.hint("shuffle_hash"), on="message_id", how="left").select(
         "*", "line.*"
     )
+    bits = _Bits(max(1, -(-len(bound_groups) // WORD_BITS)))
     day_end_ms = day_start_ms + 24 * HOUR_MS
     orphan = "first_ts IS NULL"
     on_time = f"(NOT {orphan} AND ts IS NOT NULL AND ts < window_ms + {HOUR_MS + grace_ms})"
-    expected = "coalesce(expected_groups, CAST(array() AS array<string>))"
-    first_expected = f"try_element_at({expected}, 1)"
-
-    def primary(group: str) -> str:
-        return (
-            f"coalesce(CASE WHEN size({expected}) > 0 THEN {group} = {first_expected} "
-            "ELSE group_hash = min_group_hash END, false)"
-        )
-
     line = _contribution(
         "consumer_group",
-        primary("consumer_group"),
-        f"array_contains({expected}, consumer_group)",
+        f"CASE WHEN {bits.any_expected()} THEN {bits.is_first_expected('bit')} "
+        "ELSE group_hash = min_group_hash END",
+        bits.expected("bit"),
         deliveries=f"CASE WHEN {on_time} THEN 1 ELSE 0 END",
         redelivered=f"CASE WHEN {on_time} AND redelivered THEN 1 ELSE 0 END",
         late=f"CASE WHEN NOT {orphan} AND ts IS NOT NULL AND NOT {on_time} THEN 1 ELSE 0 END",
@@ -295,41 +322,32 @@ def pair_contributions(
         orphan_consumer=f"CASE WHEN {orphan} THEN consumer END",
         orphan_ts=f"CASE WHEN {orphan} THEN ts END",
     )
-    seen = [f"coalesce(seen_{w}, 0L)" for w in range(words)]
-    has_silent = " OR ".join(
-        f"(coalesce(try_element_at(expected_words, {w + 1}), 0L) & ~{seen[w]}) != 0"
-        for w in range(words)
-    )
-    seen_word = (
-        seen[0]
-        if words == 1
-        else f"element_at(array({', '.join(seen)}), CAST(floor(e.expected_bits / {WORD_BITS}) "
-        "AS int) + 1)"
-    )
-    unseen = f"({seen_word} & shiftleft(1L, pmod(e.expected_bits, {WORD_BITS}))) = 0"
-    silent_one = _contribution("e.expected_groups", f"e.expected_groups = {first_expected}", "true")
-    silent = (
-        f"transform(filter(arrays_zip(expected_groups, expected_bits), e -> {unseen}), "
-        f"e -> {silent_one})"
-    )
-    nobody = _contribution("NULL", "true", "false")
     none = f"CAST(array() AS {T.ArrayType(CONTRIBUTION_TYPE).simpleString()})"
+    silent = none
+    if bound_groups:
+        names = sql_literal(bound_groups, "array<string>")
+        silent_bits = (
+            f"filter(sequence(0, {len(bound_groups) - 1}), "
+            f"i -> {bits.expected('i')} AND {bits.unseen('i')})"
+        )
+        one = _contribution(f"element_at({names}, i + 1)", bits.is_first_expected("i"), "true")
+        silent = f"transform({silent_bits}, i -> {one})"
+    nobody = _contribution("NULL", "true", "false")
+    # Most rows are one line of a message whose expected groups all logged: one contribution.
     contributions = (
-        f"concat(CASE WHEN ts IS NOT NULL THEN array({line}) ELSE {none} END, "
-        f"CASE WHEN NOT {orphan} AND ({has_silent}) THEN {silent} ELSE {none} END, "
-        f"CASE WHEN NOT {orphan} AND line_count = 0 AND size({expected}) = 0 "
-        f"THEN array({nobody}) ELSE {none} END)"
+        f"CASE WHEN ts IS NOT NULL AND NOT ({bits.any_silent()}) THEN array({line}) "
+        f"ELSE concat(CASE WHEN ts IS NOT NULL THEN array({line}) ELSE {none} END, "
+        f"CASE WHEN {bits.any_silent()} THEN {silent} ELSE {none} END, "
+        f"CASE WHEN line_count = 0 AND NOT ({bits.any_expected()}) THEN array({nobody}) "
+        f"ELSE {none} END) END"
     )
     message = ["message_id", "first_ts", "window_ms", "key_hash", "attempts", "state"]
     in_day = f"window_ms >= {day_start_ms} AND window_ms < {day_end_ms}"
     line_in_day = f"ts >= {day_start_ms} AND ts < {day_end_ms}"
+    window = f"CASE WHEN {orphan} THEN ts - pmod(ts, {HOUR_MS}) ELSE window_ms END AS window_ms"
     return (
         joined.where(f"({in_day}) OR ({orphan} AND {line_in_day})")
-        .withColumn(
-            "window_ms",
-            F.expr(f"CASE WHEN {orphan} THEN ts - pmod(ts, {HOUR_MS}) ELSE window_ms END"),
-        )
-        .selectExpr(*message, f"explode({contributions}) AS c")
+        .selectExpr(*message[:2], window, *message[3:], f"explode({contributions}) AS c")
         .select(*message, "c.*")
     )
 
