@@ -174,12 +174,18 @@ def audit_frames(
     classified = transforms.with_key_names(
         transforms.classify_pairs(transforms.with_store(pairs, stored)), keys
     )
-    rolled = transforms.mark_gaps(
-        metrics.rollup(classified, grace_ms, now_ms),
-        log_facts.local_frame(
-            spark, facts.gap_windows, [("window_ms", "bigint"), ("consumer_group", "string")]
-        ),
-    ).persist(StorageLevel.MEMORY_AND_DISK)
+    # One partition: the rollup is small, and a single partition satisfies every grouping and
+    # join of the outputs, so each output is one stage instead of a chain of shuffles.
+    rolled = (
+        transforms.mark_gaps(
+            metrics.rollup(classified, grace_ms, now_ms),
+            log_facts.local_frame(
+                spark, facts.gap_windows, [("window_ms", "bigint"), ("consumer_group", "string")]
+            ),
+        )
+        .repartition(1)
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
     return {
         "windows": metrics.window_metrics(
             rolled, malformed, gaps, day_start_ms, grace_ms, sla_ms, now_ms
