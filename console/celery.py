@@ -38,6 +38,12 @@ def stall_sweep_seconds():
     return settings.REPLAY_STALL_SWEEP_SECONDS
 
 
+def search_index_seconds():
+    from django.conf import settings
+
+    return settings.SEARCH_INDEX_SECONDS
+
+
 app.conf.beat_schedule = {
     "retention": {"task": "recovery.tasks.apply_retention", "schedule": crontab(minute=17)},
     "nightly-audit": {"task": "recovery.audit_tasks.nightly_audit", "schedule": nightly_at()},
@@ -55,5 +61,16 @@ app.conf.beat_schedule = {
     "compact-message-counts": {
         "task": "recovery.count_tasks.compact_message_counts",
         "schedule": 60.0,
+    },
+    # Copy new messages' search documents into the trigram-indexed side table; each run stops
+    # after 30 s, and a run not started within one period is dropped (the next one covers it).
+    "index-new-messages": {
+        "task": "recovery.search_tasks.index_new_messages",
+        "schedule": search_index_seconds(),
+        "options": {"expires": search_index_seconds()},
+    },
+    "sweep-search-index": {
+        "task": "recovery.search_tasks.sweep_search_index",
+        "schedule": crontab(minute=47),
     },
 }

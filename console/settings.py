@@ -281,6 +281,8 @@ COLLECTOR_PREFETCH_BYTES = env_int("COLLECTOR_PREFETCH_BYTES", 64 * 1024 * 1024,
 COLLECTOR_WRITERS = env_int("COLLECTOR_WRITERS", 2, minimum=1)
 
 # Replay.
+# How often the search indexer copies new messages into the trigram-indexed search table.
+SEARCH_INDEX_SECONDS = env_float("SEARCH_INDEX_SECONDS", 2.0)
 REPLAY_CONFIRM_TIMEOUT_SECONDS = env_float("REPLAY_CONFIRM_TIMEOUT_SECONDS", 30.0)
 POISON_THRESHOLD = env_int("POISON_THRESHOLD", 3, minimum=1)
 RETENTION_DAYS = env_int("RETENTION_DAYS", 30, minimum=1)

@@ -4,9 +4,10 @@ import contextlib
 
 from django import forms
 from django.db import connection, transaction
-from django.db.models import BooleanField, Q
+from django.db.models import Q
 from django.db.models.expressions import RawSQL
 
+from recovery import search_index
 from recovery.models import Kind, Message, Reason, Status
 
 
@@ -61,13 +62,6 @@ def apply_filters(queryset, data):
     return queryset
 
 
-# What a free-text search looks in: ids, the headers as JSON text and the body bytes as text, each
-# cut at 8 KiB. It is the expression of the trigram index msg_search_trgm (migration 0004); the two
-# must stay identical or a search scans the whole store.
-SEARCH_DOCUMENT_SQL = (
-    "(message_id || ' ' || correlation_id || ' ' || left(headers::text, 8192) || ' ' || "
-    "encode(substring(body from 1 for 8192), 'escape'))"
-)
 # A trigram index cannot serve a shorter substring; shorter terms match ids exactly only.
 MIN_SUBSTRING_LENGTH = 3
 
@@ -98,23 +92,43 @@ def like_contains(text):
 def search_q(text):
     """Exact ids and group key (b-tree indexed), and a substring of ids, header values or body.
 
-    The substring part is case-insensitive and uses the trigram index; it needs at least
-    MIN_SUBSTRING_LENGTH characters.
+    The substring part is case-insensitive and needs at least MIN_SUBSTRING_LENGTH characters. It
+    reads the trigram-indexed search documents (recovery.models.MessageSearch) and, for messages
+    the indexer has not reached yet, their document computed on the fly. Everything is one
+    ``id IN (... UNION ALL ...)`` so PostgreSQL plans it as a semi-join over index scans: an OR
+    of an IN-subquery and other conditions could only be checked row by row over the store.
     """
-    q = Q(message_id=text) | Q(correlation_id=text) | Q(group_key=text)
-    if len(text) >= MIN_SUBSTRING_LENGTH:
-        # Headers hold non-ASCII text as such, bodies as octal escapes: try both spellings.
-        for spelling in sorted({text, bytea_escape(text)}):
-            q |= Q(_contains(spelling))
-    return q
+    exact = Q(message_id=text) | Q(correlation_id=text) | Q(group_key=text)
+    if len(text) < MIN_SUBSTRING_LENGTH:
+        return exact
+    # Headers hold non-ASCII text as such, bodies as octal escapes: try both spellings.
+    spellings = sorted({text, bytea_escape(text)})
+    indexed_sql, indexed_params = _contains_any("document", spellings)
+    tail_sql, tail_params = _contains_any(search_index.SEARCH_DOCUMENT_SQL, spellings)
+    arms = [
+        *[f"SELECT id FROM {search_index.MESSAGES} WHERE {column} = %s" for column in EXACT],
+        f"SELECT message_id FROM {search_index.DOCUMENTS} WHERE {indexed_sql}",
+        f"SELECT id FROM {search_index.MESSAGES} WHERE id > %s AND {tail_sql}",
+    ]
+    # The mark is read now, as a number, so the planner sees how few rows lie above it. A
+    # queryset evaluated later reads a few already-indexed rows twice, which IN absorbs.
+    params = [text] * len(EXACT) + indexed_params + [search_index.high_water()] + tail_params
+    return Q(pk__in=RawSQL(" UNION ALL ".join(arms), params))
 
 
+EXACT = ("message_id", "correlation_id", "group_key")
 # The trigram index is asked for at most this many characters of a term (see _contains).
 INDEXED_TAIL = 12
 
 
-def _contains(text):
-    """The search document contains ``text``, case-insensitively.
+def _contains_any(document, spellings):
+    """SQL (and its parameters) for: ``document`` contains any of ``spellings``."""
+    parts = [_contains(document, spelling) for spelling in spellings]
+    return "(" + " OR ".join(sql for sql, _ in parts) + ")", [p for _, ps in parts for p in ps]
+
+
+def _contains(document, text):
+    """``document`` (an SQL expression) contains ``text``, case-insensitively.
 
     The index's cost grows with every trigram of the pattern while its selectivity stops
     growing after a dozen characters (a 36-character UUID costs four times its last 12), so a
@@ -122,13 +136,10 @@ def _contains(text):
     prefixes (order-00012…) — and checks the whole term on the few rows that come back.
     """
     if len(text) <= INDEXED_TAIL:
-        return RawSQL(
-            f"{SEARCH_DOCUMENT_SQL} ILIKE %s", [like_contains(text)], output_field=BooleanField()
-        )
-    return RawSQL(
-        f"({SEARCH_DOCUMENT_SQL} ILIKE %s AND strpos(lower({SEARCH_DOCUMENT_SQL}), lower(%s)) > 0)",
+        return f"{document} ILIKE %s", [like_contains(text)]
+    return (
+        f"({document} ILIKE %s AND strpos(lower({document}), lower(%s)) > 0)",
         [like_contains(text[-INDEXED_TAIL:]), text],
-        output_field=BooleanField(),
     )
 
 

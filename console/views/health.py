@@ -2,6 +2,7 @@ from django.db import connection
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
+from recovery import search_index
 from recovery.collector_health import collector_health
 
 
@@ -15,6 +16,9 @@ def healthz(request):
         report["database"] = {"ok": False, "error": str(exc)}
     report["collector"] = collector_health(database_ok=report["database"]["ok"])
     report["broker"] = report["collector"].pop("broker")
+    if report["database"]["ok"]:
+        # Messages stored but not yet in the search table (searches still find them, slower).
+        report["search_index"] = {"unindexed": search_index.unindexed_count()}
     ok = report["database"]["ok"] and report["broker"]["ok"]
     return JsonResponse(report, status=200 if ok else 503)
 

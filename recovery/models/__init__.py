@@ -1,6 +1,6 @@
 """The recovery app's models, split where the domain splits; import them from here.
 
-- store: the recovery store (Message, its counts, collector heartbeats)
+- store: the recovery store (Message, its counts and search documents, collector heartbeats)
 - access: roles, API tokens, idempotency keys, rate windows, the activity log
 - replay: replay attempts, bulk jobs and their items, edited versions
 - audit: nightly audit runs, windows, evidence, input gaps
@@ -27,6 +27,7 @@ from recovery.models.store import (
     Kind,
     Message,
     MessageCount,
+    MessageSearch,
     Reason,
     Status,
     default_target_of,
@@ -49,6 +50,7 @@ __all__ = [
     "Message",
     "MessageCount",
     "MessageEdit",
+    "MessageSearch",
     "Reason",
     "ReplayAttempt",
     "ReplayJob",

@@ -1,10 +1,16 @@
-"""Free-text search (recovery.filters.search_q), shared by the console, the API and jobs."""
+"""Free-text search (recovery.filters.search_q), shared by the console, the API and jobs.
 
+Every search test runs twice: before the indexer ran (the documents are computed on the fly from
+the unindexed newest rows) and after (read from the trigram-indexed MessageSearch table).
+"""
+
+import psycopg
 import pytest
 from django.db import connection, transaction
 
+from recovery import search_index
 from recovery.filters import MessageFilterForm, bytea_escape
-from recovery.models import Message
+from recovery.models import Message, MessageSearch
 from tests.console.conftest import make_message
 
 pytestmark = pytest.mark.django_db
@@ -16,13 +22,16 @@ def search(text):
     return sorted(form.apply().values_list("message_id", flat=True))
 
 
-@pytest.fixture
-def corpus():
+@pytest.fixture(params=["unindexed", "indexed"])
+def corpus(request):
     make_message(message_id="order-7f3a", correlation_id="trace-991", body=b'{"sku": "BLUE-42"}')
     make_message(message_id="m2", headers={"tenant": "Acme Corp", "x-exception-type": "Timeout"})
     make_message(message_id="m3", body="crème brûlée".encode())
     make_message(message_id="m4", body=b"\x00\xff binary 100% sure_thing \\path")
     make_message(message_id="ab", group_key="deadbeef" * 5)
+    if request.param == "indexed":
+        assert search_index.index_new() == 5
+        assert search_index.unindexed_count() == 0
 
 
 def test_it_finds_exact_ids_and_group_keys(corpus):
@@ -66,7 +75,7 @@ def test_bytea_escape_matches_postgresql():
 
 
 def test_search_uses_the_trigram_index(corpus):
-    """If SEARCH_DOCUMENT_SQL drifts from migration 0004, this plan loses msg_search_trgm."""
+    search_index.index_new()
     form = MessageFilterForm({"q": "acme corp"})
     assert form.is_valid()
     queryset = form.apply()
@@ -77,7 +86,9 @@ def test_search_uses_the_trigram_index(corpus):
         sql, params = queryset.query.sql_with_params()
         cur.execute("EXPLAIN " + sql, params)
         plan = "\n".join(row[0] for row in cur.fetchall())
-    assert "Bitmap Index Scan on msg_search_trgm" in plan, plan
+    assert "Bitmap Index Scan on msgsearch_trgm" in plan, plan
+    # The unindexed tail is read by primary key above the mark, never by scanning the store.
+    assert "Seq Scan on recovery_message" not in plan, plan
 
 
 def test_the_message_list_searches(client, viewer, corpus):
@@ -113,9 +124,10 @@ def test_a_search_that_runs_too_long_is_stopped_with_advice(client, viewer, corp
     monkeypatch.setattr(messages, "SEARCH_TIMEOUT_MS", 1)
     client.force_login(viewer)
     monkeypatch.setattr(
-        "recovery.filters.SEARCH_DOCUMENT_SQL",
+        "recovery.search_index.SEARCH_DOCUMENT_SQL",
         "(SELECT message_id || pg_sleep(0.05)::text)",
     )
+    MessageSearch.objects.all().delete()  # every row is in the slow, unindexed tail
     response = client.get("/messages/", {"q": "acme"})
     assert response.status_code == 200
     assert "The search took longer than" in response.content.decode()
@@ -132,3 +144,61 @@ def test_a_long_term_matches_whole_not_just_its_indexed_tail():
     assert search("xorder-000000000001-eu") == []
     assert search("100% crème brûlée") == ["other"]
     assert search("100_ crème brûlée") == []
+
+
+def test_new_messages_are_found_before_and_after_the_indexer_reaches_them():
+    make_message(message_id="old-1", body=b"needle one")
+    assert search_index.index_new() == 1
+    make_message(message_id="new-2", body=b"needle two")  # above the mark: not indexed yet
+    assert search_index.unindexed_count() == 1
+    assert search("needle") == ["new-2", "old-1"]
+    assert search_index.index_new() == 1
+    assert search_index.unindexed_count() == 0
+    assert search("needle") == ["new-2", "old-1"]
+    assert search_index.index_new() == 0
+
+
+def test_a_row_committed_below_the_mark_is_indexed_by_the_lookback_or_the_sweep(monkeypatch):
+    """Ids commit out of order: a row may appear below the mark after the indexer passed it."""
+    late = make_message(message_id="late", body=b"straggler")
+    make_message(message_id="top", body=b"x")
+    search_index.index_new()
+    MessageSearch.objects.filter(message_id=late.pk).delete()  # as if committed after the run
+    assert search("straggler") == []  # below the mark and not indexed: not found yet
+    assert search_index.index_new() == 1  # the lookback finds it
+    assert search("straggler") == ["late"]
+
+    MessageSearch.objects.filter(message_id=late.pk).delete()
+    monkeypatch.setattr(search_index, "LOOKBACK_IDS", 0)
+    assert search_index.index_new() == 0
+    assert search_index.sweep() == 1  # the hourly sweep finds what the lookback missed
+    assert search("straggler") == ["late"]
+
+
+def test_deleting_a_message_deletes_its_search_document():
+    message = make_message(message_id="gone", body=b"bye")
+    search_index.index_new()
+    assert MessageSearch.objects.filter(message_id=message.pk).exists()
+    Message.objects.filter(pk=message.pk).delete()
+    assert not MessageSearch.objects.filter(message_id=message.pk).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_runs_never_overlap():
+    make_message(message_id="m", body=b"x")
+    db = connection.settings_dict  # the test database
+    with psycopg.connect(
+        host=db["HOST"], port=db["PORT"], user=db["USER"], dbname=db["NAME"], autocommit=True
+    ) as other:
+        other.execute("SELECT pg_advisory_lock(%s)", [search_index.LOCK_KEY])
+        assert search_index.index_new() is None  # another run holds the lock: skip
+        assert search_index.sweep() is None
+        other.execute("SELECT pg_advisory_unlock(%s)", [search_index.LOCK_KEY])
+    assert search_index.index_new() == 1
+
+
+def test_healthz_reports_the_indexer_lag(client):
+    make_message(message_id="m", body=b"x")
+    assert client.get("/healthz").json()["search_index"] == {"unindexed": 1}
+    search_index.index_new()
+    assert client.get("/healthz").json()["search_index"] == {"unindexed": 0}

@@ -1,0 +1,29 @@
+from django.core.management.base import BaseCommand, CommandError
+
+from recovery import search_index
+
+
+class Command(BaseCommand):
+    help = (
+        "Copy messages' search documents into the trigram-indexed search table now (Celery beat "
+        "does it every SEARCH_INDEX_SECONDS). --all also checks every older message, as the "
+        "hourly sweep does; use it after a restore or a bulk load."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--all", action="store_true", help="sweep the whole store")
+
+    def handle(self, *args, all, **options):
+        total = 0
+        while True:
+            indexed = search_index.index_new(budget_seconds=3600)
+            if indexed is None:
+                raise CommandError("another indexer run holds the lock; try again shortly")
+            total += indexed
+            if not indexed:
+                break
+        if all:
+            total += search_index.sweep() or 0
+        self.stdout.write(
+            f"{total} messages indexed; {search_index.unindexed_count()} above the mark"
+        )

@@ -1,0 +1,135 @@
+"""Fills the free-text search table (recovery.models.MessageSearch) behind the collector.
+
+The collector only inserts messages; this indexer copies each new message's search document
+into the trigram-indexed side table a moment later, in batches, so the trigram cost is paid
+once per message, off the collector's and the replay engine's paths. Searches also read the
+rows above the indexed high-water mark directly (recovery.filters.search_q), so a message is
+findable the moment it is stored.
+
+Ids come from one sequence but commit out of order (several collector writers), so a row below
+the high-water mark may appear after the indexer passed it. Each run therefore re-checks the
+last LOOKBACK_IDS ids for rows without a document, and ``sweep`` (hourly, Celery beat) checks
+the whole store. Runs never overlap: a PostgreSQL advisory lock serialises them across workers.
+"""
+
+import logging
+import time
+
+from django.db import connection
+
+log = logging.getLogger(__name__)
+
+# What a free-text search looks in: ids, the headers as JSON text and the body bytes as text,
+# each cut at 8 KiB. Body bytes become text via encode(..., 'escape'): it never fails on bytes
+# that are not UTF-8 (convert_from does). Columns are those of recovery_message.
+SEARCH_DOCUMENT_SQL = (
+    "(message_id || ' ' || correlation_id || ' ' || left(headers::text, 8192) || ' ' || "
+    "encode(substring(body from 1 for 8192), 'escape'))"
+)
+
+MESSAGES = "recovery_message"
+DOCUMENTS = "recovery_messagesearch"
+
+# The highest indexed message id; rows above it are the unindexed tail searches read directly.
+HIGH_WATER_SQL = f"(SELECT coalesce(max(message_id), 0) FROM {DOCUMENTS})"
+
+# Rows per statement (one short transaction each) and how far below the high-water mark a run
+# looks for rows committed late. A collector transaction holds at most COLLECTOR_BATCH_SIZE ids
+# per writer; this covers far more than all writers' batches in flight.
+BATCH = 5000
+LOOKBACK_IDS = 50_000
+# Sweep the whole store in slices of this many ids.
+SWEEP_SLICE = 200_000
+# An arbitrary constant naming the indexer's advisory lock.
+LOCK_KEY = 0x5EA5C4
+
+
+def _insert(where, params):
+    """Index the rows of recovery_message matching ``where`` that have no document yet."""
+    with connection.cursor() as cur:
+        cur.execute(
+            f"INSERT INTO {DOCUMENTS} (message_id, document) "
+            f"SELECT m.id, {SEARCH_DOCUMENT_SQL} FROM {MESSAGES} m WHERE {where} "
+            f"AND NOT EXISTS (SELECT 1 FROM {DOCUMENTS} d WHERE d.message_id = m.id) "
+            "ON CONFLICT (message_id) DO NOTHING",
+            params,
+        )
+        return cur.rowcount
+
+
+def high_water():
+    """The highest indexed message id (0 when nothing is indexed)."""
+    with connection.cursor() as cur:
+        cur.execute(f"SELECT {HIGH_WATER_SQL}")
+        return cur.fetchone()[0]
+
+
+def _locked(function):
+    """Run ``function`` holding the indexer's advisory lock; None if another run holds it."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_try_advisory_lock(%s)", [LOCK_KEY])
+        if not cur.fetchone()[0]:
+            return None
+        try:
+            return function()
+        finally:
+            cur.execute("SELECT pg_advisory_unlock(%s)", [LOCK_KEY])
+
+
+def index_new(batch=BATCH, budget_seconds=30.0):
+    """Index the messages stored since the last run; returns how many (None: another run is on).
+
+    Stops after ``budget_seconds`` so a beat-driven run never piles up behind itself; the next
+    run continues from the high-water mark.
+    """
+
+    def run():
+        indexed = 0
+        high = high_water()
+        if high:
+            indexed += _insert("m.id > %s AND m.id <= %s", [max(high - LOOKBACK_IDS, 0), high])
+        deadline = time.monotonic() + budget_seconds
+        while time.monotonic() < deadline:
+            with connection.cursor() as cur:
+                # The next ``batch`` ids above the mark, however sparse the ids are.
+                cur.execute(
+                    f"SELECT max(id) FROM (SELECT id FROM {MESSAGES} WHERE id > %s "
+                    "ORDER BY id LIMIT %s) AS next_ids",
+                    [high, batch],
+                )
+                upper = cur.fetchone()[0]
+            if upper is None:
+                break
+            indexed += _insert("m.id > %s AND m.id <= %s", [high, upper])
+            high = upper
+        return indexed
+
+    indexed = _locked(run)
+    if indexed:
+        log.info("search index: %s messages indexed", indexed)
+    return indexed
+
+
+def sweep():
+    """Index every message still without a document, wherever its id is; returns how many."""
+
+    def run():
+        with connection.cursor() as cur:
+            cur.execute(f"SELECT coalesce(max(id), 0) FROM {MESSAGES}")
+            top = cur.fetchone()[0]
+        indexed = 0
+        for low in range(0, top, SWEEP_SLICE):
+            indexed += _insert("m.id > %s AND m.id <= %s", [low, low + SWEEP_SLICE])
+        return indexed
+
+    indexed = _locked(run)
+    if indexed:
+        log.warning("search index sweep: %s messages had no search document", indexed)
+    return indexed
+
+
+def unindexed_count():
+    """Messages above the high-water mark: how far the indexer is behind (for /healthz)."""
+    with connection.cursor() as cur:
+        cur.execute(f"SELECT count(*) FROM {MESSAGES} WHERE id > %s", [high_water()])
+        return cur.fetchone()[0]
