@@ -11,7 +11,9 @@
 3. Creates a replay job for the N messages at unlimited rate and runs it in this process with
    the engine a Celery worker uses (``JobRunner``); times it from start (including the snapshot
    of the selection) to ``done``, and the sending alone (first to last confirm recorded).
-   Prints ``replay / baseline`` (target >= 0.7).
+   Prints ``replay / baseline`` (target >= 0.7), and for both the CPU per message of this
+   process, PostgreSQL and RabbitMQ (bench/_cpu.py): the figure load on the machine disturbs
+   least.
 4. A job of M messages at R msgs/s; a consumer timestamps each arrival; prints the achieved rate
    (first to last arrival) and its deviation (target within +-5 %).
 
@@ -52,6 +54,7 @@ from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db.models import Max, Min  # noqa: E402
 
+from bench._cpu import CpuMeter  # noqa: E402
 from recovery.broker import Management  # noqa: E402
 from recovery.ingest import delivery_to_row, store_rows  # noqa: E402
 from recovery.jobs import create_job  # noqa: E402
@@ -211,14 +214,18 @@ def main():
         print(f"filling the store with {args.n} dead letters of 1 KiB ...", flush=True)
         print(f"  stored at {fill(vhost, QUEUE, args.n, args.realistic_bodies):.0f} rows/s")
 
-        base = run_baseline(args.n, management)
+        with CpuMeter() as base_cpu:
+            base = run_baseline(args.n, management)
         print(f"baseline async-confirm publish  {base:9.0f} msg/s", flush=True)
-        job, outcome, elapsed, sending = run_replay(QUEUE)
+        print(f"  CPU per message: {base_cpu.per_message(args.n)}")
+        with CpuMeter() as replay_cpu:
+            job, outcome, elapsed, sending = run_replay(QUEUE)
         replay = job.confirmed / elapsed
         print(
             f"replay job (start to done)      {replay:9.0f} msg/s  "
             f"({job.confirmed} confirmed in {elapsed:.1f}s, {outcome})"
         )
+        print(f"  CPU per message: {replay_cpu.per_message(job.confirmed)}")
         print(f"replay job (sending only)       {job.confirmed / sending:9.0f} msg/s")
         print(f"replay / baseline               {replay / base:9.2f}   (target >= 0.7)")
 

@@ -174,7 +174,11 @@ class ReplayJobItem(models.Model):
         FAILED = "failed"
         SKIPPED = "skipped"  # changed since the snapshot (discarded, replayed elsewhere ...)
 
-    job = models.ForeignKey(ReplayJob, on_delete=models.CASCADE, related_name="items")
+    # No index of its own: job_item_unique and job_item_claim lead with the job, and every item
+    # write (snapshot, claim, outcome) would pay for a third copy.
+    job = models.ForeignKey(
+        ReplayJob, on_delete=models.CASCADE, related_name="items", db_index=False
+    )
     message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="job_items")
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
     canary = models.BooleanField(default=False)

@@ -72,7 +72,8 @@ class Pacer:
             return wanted
         self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
         self.last = now
-        count = min(wanted, int(self.tokens))
+        # The epsilon: 0.1 s x 100/s may come out as 9.999999 tokens, which is 10.
+        count = min(wanted, int(self.tokens + 1e-9))
         self.tokens -= count
         return count
 

@@ -23,15 +23,20 @@ import logging
 import psycopg
 from django.db import connections
 
+from recovery.replay.one import STRIPPED_HEADERS
+
 log = logging.getLogger(__name__)
 
 JOB = "recovery_replayjob"
 ITEM = "recovery_replayjobitem"
 MESSAGE = "recovery_message"
 
+# Headers a replay strips (x-death above all, the biggest a dead letter has) are dropped by
+# PostgreSQL: never sent to the runner, never decoded there.
+_STRIPPED_ARRAY = "'{" + ",".join(f'"{name}"' for name in STRIPPED_HEADERS) + "}'::text[]"
 MESSAGE_COLUMNS = (
     "id, status, replay_count, kind, vhost, source_queue, source_exchange, routing_keys, "
-    "properties, headers, body"
+    f"properties, headers - {_STRIPPED_ARRAY}, body"
 )
 
 
