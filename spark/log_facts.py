@@ -13,7 +13,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from spark.schema import HOUR_MS, topic_pattern_regex
@@ -33,26 +33,60 @@ def group_hash() -> Column:
 
 
 def log_summary(producer_raw: DataFrame, consumer_raw: DataFrame) -> DataFrame:
-    """Line counts per (source, process, file hour, malformed, keys) of both logs."""
-    producer = producer_raw.groupBy(
-        F.lit("producer").alias("source"),
-        F.col("producer").alias("process"),
+    """Line counts per (source, process, file hour, keys) of both logs: every line
+    (``malformed`` null) and, in rows of their own, the malformed ones (``malformed`` true).
+
+    Counting every line reads only the few low-cardinality columns the keys need; counting the
+    malformed ones filters on null checks and comparisons the Parquet reader answers from its
+    row-group statistics, so neither reads the message ids. ``LogFacts.from_summary`` takes
+    the difference. The hashes are computed on the counted rows, not on every line."""
+
+    def counted(frame: DataFrame, keys: list) -> DataFrame:
+        every = frame.groupBy(*keys).agg(F.count(F.lit(1)).alias("lines"))
+        bad = frame.where("malformed").groupBy(*keys).agg(F.count(F.lit(1)).alias("lines"))
+        return every.withColumn("malformed", F.lit(None).cast("boolean")).unionByName(
+            bad.withColumn("malformed", F.lit(True))
+        )
+
+    producer = counted(
+        producer_raw,
+        [
+            F.col("producer").alias("process"),
+            "file_hour_ms",
+            "exchange",
+            F.coalesce("routing_key", F.lit("")).alias("routing_key"),
+        ],
+    ).select(F.lit("producer").alias("source"), "*", key_hash().alias("key_hash"))
+    consumer = counted(
+        consumer_raw,
+        [F.col("consumer").alias("process"), "file_hour_ms", "consumer_group", "queue"],
+    ).select(F.lit("consumer").alias("source"), "*", group_hash().alias("group_hash"))
+    return producer.unionByName(consumer, allowMissingColumns=True)
+
+
+def valid_and_malformed(summary) -> tuple[list, list]:
+    """``log_summary`` rows -> (rows of valid lines, rows of malformed lines), each with
+    ``lines``: the valid count of a key is its count of every line less its malformed one."""
+    bad = [row for row in summary if row.malformed]
+    key = (
+        "source",
+        "process",
         "file_hour_ms",
-        "malformed",
         "exchange",
-        F.coalesce("routing_key", F.lit("")).alias("routing_key"),
-        key_hash().alias("key_hash"),
-    ).agg(F.count(F.lit(1)).alias("lines"))
-    consumer = consumer_raw.groupBy(
-        F.lit("consumer").alias("source"),
-        F.col("consumer").alias("process"),
-        "file_hour_ms",
-        "malformed",
+        "routing_key",
         "consumer_group",
         "queue",
-        group_hash().alias("group_hash"),
-    ).agg(F.count(F.lit(1)).alias("lines"))
-    return producer.unionByName(consumer, allowMissingColumns=True)
+    )
+    less = defaultdict(int)
+    for row in bad:
+        less[tuple(row[k] for k in key)] += row.lines
+    valid = []
+    for row in summary:
+        if row.malformed is None:
+            lines = row.lines - less[tuple(row[k] for k in key)]
+            if lines > 0:
+                valid.append(Row(**{**row.asDict(), "malformed": False, "lines": lines}))
+    return valid, bad
 
 
 def _distinct_ids(pairs, what: str) -> None:
@@ -116,7 +150,7 @@ class LogFacts:
     ) -> "LogFacts":
         """``summary``: the collected rows of ``log_summary``; ``bindings``: the snapshot."""
         day_end_ms = day_start_ms + 24 * HOUR_MS
-        valid = [row for row in summary if not row.malformed]
+        valid, bad = valid_and_malformed(summary)
         producer = [row for row in valid if row.source == "producer"]
         consumer = [row for row in valid if row.source == "consumer"]
         _distinct_ids({(r.exchange, r.routing_key): r.key_hash for r in producer}.items(), "keys")
@@ -144,7 +178,7 @@ class LogFacts:
         hours = {
             (r.source, r.process, r.consumer_group, r.file_hour_ms)
             for r in summary
-            if r.process is not None
+            if r.process is not None and r.malformed is None
         }
         grace_hours = math.ceil(grace_ms / HOUR_MS)
         gaps = input_gaps(
@@ -155,8 +189,8 @@ class LogFacts:
             day_end_ms + grace_hours * HOUR_MS,
         )
         malformed = defaultdict(int)
-        for row in summary:
-            if row.malformed and day_start_ms <= row.file_hour_ms < day_end_ms:
+        for row in bad:
+            if day_start_ms <= row.file_hour_ms < day_end_ms:
                 malformed[row.file_hour_ms] += row.lines
         queue_groups = {(r.queue, r.consumer_group) for r in consumer if r.queue is not None}
         queue_groups |= {(b["queue"], b["consumer_group"]) for b in bindings if b.get("queue")}

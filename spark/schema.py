@@ -70,10 +70,9 @@ STORE_EXPORT_SCHEMA = T.StructType(
     ]
 )
 
-# The parsed log frames: the schema columns plus where each line came from.
+# The parsed log frames: the schema columns plus the hour of the file each line came from.
 LOG_PROVENANCE = T.StructType(
     [
-        T.StructField("file_path", T.StringType()),
         T.StructField("file_hour_ms", T.LongType()),
         T.StructField("malformed", T.BooleanType()),
     ]
@@ -155,9 +154,12 @@ def read_logs(
     """Parse log files with an explicit schema; malformed lines are flagged, never fatal.
 
     JSON Lines are read PERMISSIVE with a corrupt-record column; Parquet by the same schema.
-    Output: the schema's columns + ``file_path``, ``file_hour_ms`` (the file's ``dt``/``hour``
-    partition as epoch ms) and ``malformed`` (unparseable, missing a required field, or of an
-    unknown schema version).
+    Output: the schema's columns + ``file_hour_ms`` (the file's ``dt``/``hour`` partition as
+    epoch ms) and ``malformed`` (unparseable, missing a required field, or of an unknown schema
+    version). ``malformed`` is written as null checks and comparisons only, so a filter on it
+    reaches the Parquet reader, which skips the row groups whose statistics rule it out.
+    (The files read are listed in the run's manifest, not on every line: a per-line path
+    would make the reader materialise Spark's ``_metadata`` struct for every row.)
     """
     out_columns = [*schema.fieldNames(), *LOG_PROVENANCE.fieldNames()]
     if not files:
@@ -176,7 +178,6 @@ def read_logs(
             .option("columnNameOfCorruptRecord", CORRUPT_RECORD)
             .option("basePath", base)
             .json(json_lines)
-            .withColumn("file_path", F.col("_metadata.file_path"))
         )
     if parquet:
         frames.append(
@@ -184,20 +185,21 @@ def read_logs(
             .option("basePath", base)
             .parquet(*parquet)
             .withColumn(CORRUPT_RECORD, F.lit(None).cast(T.StringType()))
-            .withColumn("file_path", F.col("_metadata.file_path"))
         )
     logs = frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
     missing_required = F.lit(False)
     for name in required:
         missing_required = missing_required | F.col(name).isNull()
-    version_ok = F.coalesce(F.col("v"), F.lit(1)).isin(*LOG_SCHEMA_VERSIONS)
+    # A missing ``v`` is version 1; any other value must be a known version.
+    unknown_version = F.col("v").isNotNull()
+    for version in LOG_SCHEMA_VERSIONS:
+        unknown_version = unknown_version & (F.col("v") != version)
     return logs.select(
         *schema.fieldNames(),
-        "file_path",
         (F.unix_date(F.to_date("dt")).cast("long") * 86_400_000 + F.col("hour") * HOUR_MS).alias(
             "file_hour_ms"
         ),
-        (F.col(CORRUPT_RECORD).isNotNull() | missing_required | ~version_ok).alias("malformed"),
+        (F.col(CORRUPT_RECORD).isNotNull() | missing_required | unknown_version).alias("malformed"),
     ).select(*out_columns)
 
 

@@ -107,10 +107,7 @@ def log_frame(spark, schema, rows):
     data = []
     for row in rows:
         hour = row["ts"] // HOUR_MS * HOUR_MS
-        process = row.get("producer") or row.get("consumer")
-        data.append(
-            (*[row.get(f) for f in schema.fieldNames()], f"{process}-{hour}.jsonl", hour, False)
-        )
+        data.append((*[row.get(f) for f in schema.fieldNames()], hour, False))
     return spark.createDataFrame(data, full)
 
 
