@@ -44,15 +44,16 @@ SWEEP_SLICE = 200_000
 LOCK_KEY = 0x5EA5C4
 
 
-def _insert(where, params):
-    """Index the rows of recovery_message matching ``where`` that have no document yet."""
+def _index_range(low, high):
+    """Index the messages with low < id <= high that have no document yet; how many."""
     with connection.cursor() as cur:
         cur.execute(
             f"INSERT INTO {DOCUMENTS} (message_id, document) "
-            f"SELECT m.id, {SEARCH_DOCUMENT_SQL} FROM {MESSAGES} m WHERE {where} "
-            f"AND NOT EXISTS (SELECT 1 FROM {DOCUMENTS} d WHERE d.message_id = m.id) "
+            f"SELECT m.id, {SEARCH_DOCUMENT_SQL} FROM {MESSAGES} m WHERE m.id > %s "
+            f"AND m.id <= %s AND NOT EXISTS "
+            f"(SELECT 1 FROM {DOCUMENTS} d WHERE d.message_id = m.id) "
             "ON CONFLICT (message_id) DO NOTHING",
-            params,
+            [low, high],
         )
         return cur.rowcount
 
@@ -87,7 +88,7 @@ def index_new(batch=BATCH, budget_seconds=30.0):
         indexed = 0
         high = high_water()
         if high:
-            indexed += _insert("m.id > %s AND m.id <= %s", [max(high - LOOKBACK_IDS, 0), high])
+            indexed += _index_range(max(high - LOOKBACK_IDS, 0), high)
         deadline = time.monotonic() + budget_seconds
         while time.monotonic() < deadline:
             with connection.cursor() as cur:
@@ -100,7 +101,7 @@ def index_new(batch=BATCH, budget_seconds=30.0):
                 upper = cur.fetchone()[0]
             if upper is None:
                 break
-            indexed += _insert("m.id > %s AND m.id <= %s", [high, upper])
+            indexed += _index_range(high, upper)
             high = upper
         return indexed
 
@@ -117,10 +118,7 @@ def sweep():
         with connection.cursor() as cur:
             cur.execute(f"SELECT coalesce(max(id), 0) FROM {MESSAGES}")
             top = cur.fetchone()[0]
-        indexed = 0
-        for low in range(0, top, SWEEP_SLICE):
-            indexed += _insert("m.id > %s AND m.id <= %s", [low, low + SWEEP_SLICE])
-        return indexed
+        return sum(_index_range(low, low + SWEEP_SLICE) for low in range(0, top, SWEEP_SLICE))
 
     indexed = _locked(run)
     if indexed:
