@@ -274,6 +274,7 @@ class JobRunner:
         except (pika.exceptions.AMQPError, OSError) as exc:
             # No delay route without the broker: give the batch back and try again soon.
             self.store.release([c.item_id for c in claimed])
+            self.store.rewind()
             self.exhausted, self.stalled_until = False, now + 1.0
             self.stalled_reason = f"cannot declare the delay queue ({exc!r})"
 
@@ -294,6 +295,7 @@ class JobRunner:
             left = self.store.reconcile()
             if not (left.get("pending") or left.get("claimed")):
                 return self._finish(left)
+            self.store.rewind()  # what is left lies below the cursor
             self.exhausted = False
             return None
         if self.canary_until is None:
@@ -306,6 +308,7 @@ class JobRunner:
         if verdict is not None:
             return self._stop(verdict)
         self.canary, self.exhausted, self.canary_until = False, False, None
+        self.store.rewind()  # the rest of the job, from its first item
         return None
 
     def _stage(self, claimed):

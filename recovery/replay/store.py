@@ -97,6 +97,8 @@ class JobStore:
         self.conninfo = conninfo or database_conninfo()
         self.pg = None
         self.previous_runner = None
+        # Claims walk the job's pending items upwards from here (see claim).
+        self.cursor = 0
 
     def connect(self):
         if self.pg is None or self.pg.closed:
@@ -232,6 +234,10 @@ class JobStore:
             cur.execute(f"ANALYZE {ITEM}")
         return total
 
+    def rewind(self):
+        """Claim from the job's first pending item again (after items were given back)."""
+        self.cursor = 0
+
     def reclaim(self):
         """Items a stopped runner left claimed go back to pending; how many."""
         return self.execute(
@@ -245,20 +251,29 @@ class JobStore:
     # ---- claims and outcomes ------------------------------------------------------------------
 
     def claim(self, limit, allowed_statuses, canary_only=False):
-        """Claim up to ``limit`` pending items; (claimed list, skipped count, any_left)."""
+        """Claim up to ``limit`` pending items; (claimed list, skipped count, any_left).
+
+        Items are claimed in id order from ``self.cursor`` on, not from the job's first pending
+        item: the index on (job, state, id) keeps an entry for every item already claimed until
+        VACUUM, so starting over each time re-walks them all (quadratic in the job's size: 25 us
+        per message at 100k). ``any_left`` is False once nothing pending lies above the cursor;
+        items given back below it (``release``) are found after ``rewind``.
+        """
         pg = self.connect()
         with pg.transaction():
             items = pg.execute(
                 f"""
                 SELECT id, message_id, snapshot_replay_count FROM {ITEM}
-                WHERE job_id = %s AND state = 'pending' {"AND canary" if canary_only else ""}
+                WHERE job_id = %s AND state = 'pending' AND id > %s
+                      {"AND canary" if canary_only else ""}
                 ORDER BY id LIMIT %s
                 FOR UPDATE SKIP LOCKED
                 """,
-                (self.job_id, limit),
+                (self.job_id, self.cursor, limit),
             ).fetchall()
             if not items:
                 return [], 0, False
+            self.cursor = items[-1][0]
             message_ids = [m for _i, m, _s in items]
             rows = {
                 row[0]: row
