@@ -10,6 +10,7 @@ import json
 import math
 import os
 import sys
+from collections import Counter, defaultdict
 from datetime import UTC, date, datetime, timedelta
 
 if __package__ in (None, ""):  # run as a script by spark-submit: make `spark.*` importable
@@ -143,9 +144,6 @@ def audit_frames(
             ("hour_ms", "bigint"),
         ],
     )
-    malformed = log_facts.local_frame(
-        spark, facts.malformed, [("window_ms", "bigint"), ("lines", "bigint")]
-    )
     producers = transforms.by_message(
         transforms.keyed_producer_lines(transforms.valid_lines(producer_raw), day_start_ms)
     )
@@ -189,11 +187,35 @@ def audit_frames(
         .repartition(1)
         .localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
     )
+    by_key, overall = metrics.nearest_rank_quantiles(metrics.latency_histogram(rolled).toArrow())
+    malformed_by_hour = defaultdict(int)
+    for window_ms, lines in facts.malformed:
+        malformed_by_hour[window_ms] += lines
+    gaps_by_hour = Counter(gap[3] for gap in facts.gaps)
+    day_hours = range(day_start_ms, day_start_ms + 24 * HOUR_MS, HOUR_MS)
+    hours = log_facts.local_frame(
+        spark,
+        [(h, malformed_by_hour[h], gaps_by_hour[h]) for h in day_hours],
+        [("window_ms", "bigint"), ("malformed_lines", "bigint"), ("input_gaps", "bigint")],
+    )
     return {
         "windows": metrics.window_metrics(
-            rolled, malformed, gaps, day_start_ms, grace_ms, sla_ms, now_ms
+            rolled,
+            log_facts.local_frame(spark, by_key, metrics.QUANTILE_COLUMNS),
+            hours,
+            grace_ms,
+            sla_ms,
+            now_ms,
         ),
-        "totals": metrics.totals(rolled, malformed, gaps, grace_ms, sla_ms, now_ms),
+        "totals": metrics.totals(
+            rolled,
+            overall,
+            sum(malformed_by_hour.values()),
+            len(facts.gaps),
+            grace_ms,
+            sla_ms,
+            now_ms,
+        ),
         "lost": metrics.lost_evidence(rolled),
         "duplicates": metrics.duplicate_evidence(rolled),
         "orphans": metrics.orphan_evidence(rolled),

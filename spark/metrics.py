@@ -8,12 +8,17 @@ primary x latency, plus one row per pair or orphan line the evidence lists. Ever
 that frame, so the job persists it instead of the pairs; it is small (latencies are whole
 milliseconds, evidence is the exception). Latency percentiles are exact nearest-rank values
 (the latency at rank ceil(p x n) of the n non-negative ones) read off the latency histogram,
-which holds at most one entry per millisecond of (1 h + grace), the longest on-time latency.
+which holds at most one entry per key and millisecond of (1 h + grace), the longest on-time
+latency: it is collected once (Arrow) and walked on the driver in integer arithmetic, for the
+windows and the totals alike; the ratios stay in Spark SQL.
 
 Expressions are SQL text: each costs one round trip to the JVM, where a column built from
 Python calls costs one per operator, and an audit builds a few thousand of them.
 """
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -70,7 +75,15 @@ def _metric_types() -> dict[str, T.DataType]:
 METRIC_TYPES = _metric_types()
 
 
-QUANTILES = (("0.5", "latency_p50_ms"), ("0.95", "latency_p95_ms"), ("0.99", "latency_p99_ms"))
+# Percent, metric: nearest-rank percentiles of the non-negative latencies, per window key.
+QUANTILES = ((50, "latency_p50_ms"), (95, "latency_p95_ms"), (99, "latency_p99_ms"))
+QUANTILE_KEYS = ("window_ms", "exchange", "consumer_group")
+QUANTILE_COLUMNS = [
+    ("window_ms", "bigint"),
+    ("exchange", "string"),
+    ("consumer_group", "string"),
+    *[(name, "bigint") for _, name in QUANTILES],
+]
 DUP_CAUSES = ("producer_retry", "broker_redelivery", "consumer_reprocessing")
 DUP_TOTAL = "(" + " + ".join(f"dup_{cause}" for cause in DUP_CAUSES) + ")"
 CONFIRMED = PUBLISH_STATES.index("confirmed")
@@ -144,7 +157,7 @@ def _producer_counts(scope: str | None) -> list[str]:
 def _pair_counts(final: str, sla_ms: int) -> list[str]:
     """Aggregates over rollup rows of pairs; ``final`` says whether a row's window is FINAL.
 
-    Percentiles come from ``_with_quantiles``."""
+    Percentiles come from ``nearest_rank_quantiles``."""
     on_clock = _sum("pairs", "latency_ms >= 0")
     return [
         *[
@@ -171,39 +184,55 @@ def _pair_counts(final: str, sla_ms: int) -> list[str]:
     ]
 
 
-def _with_quantiles(counts: DataFrame, pair_rows: DataFrame, keys: list[str]) -> DataFrame:
-    """Adds exact nearest-rank percentiles per ``keys``: walking the latency histogram in order,
-    the first latency whose cumulative count reaches ceil(p x n)."""
-    histogram = (
-        pair_rows.where("latency_ms >= 0")
-        .groupBy(*keys, "latency_ms")
+def latency_histogram(rolled: DataFrame) -> DataFrame:
+    """Pairs per ``QUANTILE_KEYS`` x non-negative ``latency_ms`` (``n``): what the percentiles
+    are read off. At most one row per key and millisecond of (1 h + grace)."""
+    return (
+        rolled.where("NOT orphan AND latency_ms >= 0")
+        .groupBy(*QUANTILE_KEYS, "latency_ms")
         .agg(F.expr("sum(pairs) AS n"))
-        .groupBy(*keys)
-        .agg(
-            F.expr("array_sort(collect_list(named_struct('latency', latency_ms, 'n', n))) AS h"),
-            F.expr("sum(n) AS count"),
-        )
     )
-    start = ", ".join(["'rank', 0L", *[f"'{name}', CAST(NULL AS BIGINT)" for _, name in QUANTILES]])
-    step = ", ".join(
-        [
-            "'rank', a.rank + x.n",
-            *[
-                f"'{name}', coalesce(a.{name}, "
-                f"IF(a.rank + x.n >= ceil({q} * count), x.latency, NULL))"
-                for q, name in QUANTILES
-            ],
-        ]
+
+
+def _nearest_ranks(latency: np.ndarray, n: np.ndarray, starts: np.ndarray) -> list[np.ndarray]:
+    """Per segment of rows (sorted by latency within it, segments starting at ``starts``): the
+    latency at rank ceil(p / 100 x count) for each percent p of ``QUANTILES``, in integers."""
+    cumulative = np.cumsum(n, dtype=np.int64)
+    ends = np.append(starts[1:], len(n))
+    before = np.where(starts > 0, cumulative[starts - 1], 0)
+    count = cumulative[ends - 1] - before
+    return [
+        latency[np.searchsorted(cumulative, before + (percent * count + 99) // 100, side="left")]
+        for percent, _ in QUANTILES
+    ]
+
+
+def nearest_rank_quantiles(histogram: pa.Table) -> tuple[list[tuple], tuple]:
+    """``latency_histogram`` rows (collected) -> the exact nearest-rank percentiles: rows
+    (*``QUANTILE_KEYS``, p50, p95, p99) per key, and (p50, p95, p99) over every key."""
+    if histogram.num_rows == 0:
+        return [], (None,) * len(QUANTILES)
+    order = pc.sort_indices(
+        histogram,
+        sort_keys=[(k, "ascending") for k in (*QUANTILE_KEYS, "latency_ms")],
     )
-    walked = histogram.selectExpr(
-        *keys, f"aggregate(h, named_struct({start}), (a, x) -> named_struct({step})) AS q"
-    ).selectExpr(*keys, *[f"q.{name}" for _, name in QUANTILES])
-    if not keys:
-        return counts.crossJoin(walked)
-    joined = counts.join(
-        F.broadcast(walked), on=[counts[k].eqNullSafe(walked[k]) for k in keys], how="left"
-    )
-    return joined.select(counts["*"], *[walked[name] for _, name in QUANTILES])
+    table = histogram.take(order)
+    latency = table.column("latency_ms").to_numpy()
+    n = table.column("n").to_numpy()
+    keys = [np.array(table.column(k).to_pylist(), dtype=object) for k in QUANTILE_KEYS]
+    changed = np.zeros(len(n), dtype=bool)
+    changed[0] = True
+    for key in keys:
+        changed[1:] |= key[1:] != key[:-1]
+    starts = np.flatnonzero(changed)
+    per_key = _nearest_ranks(latency, n, starts)
+    rows = [
+        (*(key[i] for key in keys), *(int(values[s]) for values in per_key))
+        for s, i in enumerate(starts)
+    ]
+    overall = np.argsort(latency, kind="stable")
+    every = _nearest_ranks(latency[overall], n[overall], np.zeros(1, dtype=np.int64))
+    return rows, tuple(int(values[0]) for values in every)
 
 
 def _typed(metric: str, expression: str | None = None) -> str:
@@ -212,51 +241,36 @@ def _typed(metric: str, expression: str | None = None) -> str:
 
 def window_metrics(
     rolled: DataFrame,
-    malformed: DataFrame,
-    gaps: DataFrame,
-    day_start_ms: int,
+    quantiles: DataFrame,
+    hours: DataFrame,
     grace_ms: int,
     sla_ms: int,
     now_ms: int,
 ) -> DataFrame:
     """One row per window x exchange x consumer group, plus one per window with both keys null.
 
-    The keyless rows exist for all 24 windows of the day and carry ``malformed_lines`` and
-    ``input_gaps``; ``orphan_consumptions`` sit on rows with a null exchange and the group.
+    ``quantiles``: ``QUANTILE_COLUMNS`` (``nearest_rank_quantiles`` per key); ``hours``: one row
+    per window of the day (window_ms, malformed_lines, input_gaps), the keyless rows, which
+    carry those two; ``orphan_consumptions`` sit on rows with a null exchange and the group.
     """
     final = _final(grace_ms, now_ms)
-    keys = ["window_ms", "exchange", "consumer_group"]
-    pair_rows = rolled.where("NOT orphan")
-    published = _with_quantiles(
-        pair_rows.groupBy(*keys).agg(
-            *_exprs(*_producer_counts(None), *_pair_counts(final, sla_ms))
-        ),
-        pair_rows,
-        keys,
+    keys = list(QUANTILE_KEYS)
+    counts = (
+        rolled.where("NOT orphan")
+        .groupBy(*keys)
+        .agg(*_exprs(*_producer_counts(None), *_pair_counts(final, sla_ms)))
     )
+    published = counts.join(
+        F.broadcast(quantiles), on=[counts[k].eqNullSafe(quantiles[k]) for k in keys], how="left"
+    ).select(counts["*"], *[quantiles[name] for _, name in QUANTILES])
     orphan_rows = (
         rolled.where("orphan")
         .groupBy("window_ms", "consumer_group")
         .agg(F.expr("sum(lines) AS orphan_consumptions"))
     )
-    spark = rolled.sparkSession
-    hours = spark.range(day_start_ms, day_start_ms + 24 * HOUR_MS, HOUR_MS).selectExpr(
-        "id AS window_ms"
-    )
-    malformed_by_hour = malformed.selectExpr("window_ms", "lines AS malformed")
-    gaps_by_hour = gaps.groupBy(F.col("hour_ms").alias("window_ms")).agg(F.expr("count(1) AS gaps"))
-    keyless = (
-        hours.join(malformed_by_hour, on="window_ms", how="left")
-        .join(gaps_by_hour, on="window_ms", how="left")
-        .selectExpr(
-            "window_ms",
-            "coalesce(malformed, 0) AS malformed_lines",
-            "coalesce(gaps, 0) AS input_gaps",
-        )
-    )
     rows = (
         published.unionByName(orphan_rows, allowMissingColumns=True)
-        .unionByName(keyless, allowMissingColumns=True)
+        .unionByName(hours, allowMissingColumns=True)
         .fillna(0, subset=list(COUNT_METRICS))
     )
     final_only = {
@@ -279,36 +293,41 @@ def window_metrics(
 
 def totals(
     rolled: DataFrame,
-    malformed: DataFrame,
-    gaps: DataFrame,
+    quantiles: tuple,
+    malformed_lines: int,
+    input_gaps: int,
     grace_ms: int,
     sla_ms: int,
     now_ms: int,
 ) -> DataFrame:
     """One row: every metric over the whole run, each message counted once.
 
-    ``lost`` and ``loss_ppm`` cover the FINAL windows; ``status`` is FINAL when all windows are.
+    ``quantiles``: (p50, p95, p99) over every pair (``nearest_rank_quantiles``); the malformed
+    lines and input gaps are the driver's counts. ``lost`` and ``loss_ppm`` cover the FINAL
+    windows; ``status`` is FINAL when all windows are.
     """
     final = _final(grace_ms, now_ms)
-    pair_rows = rolled.where("NOT orphan")
-    over_pairs = _with_quantiles(
-        pair_rows.agg(
+    over_pairs = (
+        rolled.where("NOT orphan")
+        .agg(
             *_exprs(
                 *_producer_counts("primary"),
                 *_pair_counts(final, sla_ms),
                 f"{_sum('pairs', f'NOT {final}')} AS provisional_pairs",
                 f"{_sum('expected_confirmed', final)} AS final_expected_confirmed",
             )
-        ),
-        pair_rows,
-        [],
+        )
+        .selectExpr(
+            "*",
+            *[
+                f"CAST({'NULL' if value is None else value} AS bigint) AS {name}"
+                for value, (_, name) in zip(quantiles, QUANTILES, strict=True)
+            ],
+            f"{malformed_lines}L AS malformed_lines",
+            f"{input_gaps}L AS input_gaps",
+        )
     )
-    side = (
-        rolled.where("orphan")
-        .agg(F.expr("sum(lines) AS orphan_consumptions"))
-        .crossJoin(malformed.agg(F.expr("sum(lines) AS malformed_lines")))
-        .crossJoin(gaps.agg(F.expr("count(1) AS input_gaps")))
-    )
+    side = rolled.where("orphan").agg(F.expr("sum(lines) AS orphan_consumptions"))
     joined = over_pairs.crossJoin(side).fillna(0, subset=list(COUNT_METRICS))
     loss_ppm = "try_divide(lost * 1000000.0, final_expected_confirmed)"
     return joined.selectExpr(
