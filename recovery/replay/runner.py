@@ -11,8 +11,10 @@ The loop (``JobRunner.run``), in one thread beside the publishers' I/O threads:
    read the job's state (cancelled? paused?) and run the circuit breaker;
 4. with a canary, claim only the canary items first, wait the pause, judge, then go on.
 
-Never more than ``window`` messages are claimed and not yet recorded: that is what a crash (or a
-kill -9) can duplicate, because a new runner re-sends whatever was claimed and unrecorded.
+Never more than ``window`` messages are sent and not yet recorded: that is what a crash (or a
+kill -9) can duplicate, because a new runner re-sends whatever was claimed and unrecorded. One
+more claim batch may wait, claimed but unsent, so the next claim's round trip to PostgreSQL
+overlaps with publishing; re-sending those after a crash sends them once.
 """
 
 import logging
@@ -231,7 +233,8 @@ class JobRunner:
                 next_control = now + CONTROL_S
             if self._may_claim(now):
                 self._claim(now)
-            for _ in range(self.pacer.allowance(now, len(self.buffer))):
+            room = max(0, self.window - self.sent_unrecorded)
+            for _ in range(self.pacer.allowance(now, min(len(self.buffer), room))):
                 vhost, entry = self.buffer.popleft()
                 self._publisher(vhost).submit(entry)
             self._collect()
@@ -245,26 +248,34 @@ class JobRunner:
                 continue
             if self.buffer and self.pacer.rate:
                 self.wakeup.wait(min(self.pacer.wait(), 0.05))
-            elif not self.buffer and not self._may_claim(now):
+            elif self.buffer:
+                self.wakeup.wait(0.05)  # the window is full: for outcomes or the recorders
+            elif not self._may_claim(now):
                 self.wakeup.wait(0.05)  # for outcomes, the recorders, or a stalled broker
 
     @property
     def unrecorded(self):
-        """Claimed and not yet written: what a crash now could send twice (kept <= window).
-        ``pending`` includes the buffer."""
+        """Claimed and not yet written (<= window + claim_batch). ``pending`` includes the
+        buffer."""
         return len(self.pending) + len(self.results) + self.recorder.backlog
+
+    @property
+    def sent_unrecorded(self):
+        """Handed to a publisher and not yet written: what a crash now could send twice (kept
+        <= window)."""
+        return self.unrecorded - len(self.buffer)
 
     def _may_claim(self, now):
         return (
             not self.exhausted
             and not self.buffer
             and self.canary_until is None
-            and self.unrecorded < self.window
+            and self.unrecorded < self.window + self.claim_batch
             and now >= self.stalled_until
         )
 
     def _claim(self, now):
-        limit = min(self.claim_batch, self.window - self.unrecorded)
+        limit = min(self.claim_batch, self.window + self.claim_batch - self.unrecorded)
         claimed, _skipped, any_left = self.store.claim(
             limit, self.job.allowed_statuses, canary_only=self.canary
         )
