@@ -89,6 +89,12 @@ def like_contains(text):
     return f"%{escaped}%"
 
 
+# Columns a search term may equal exactly (each b-tree indexed).
+EXACT = ("message_id", "correlation_id", "group_key")
+# The trigram index is asked for at most this many characters of a term (see _contains).
+INDEXED_TAIL = 12
+
+
 def search_q(text):
     """Exact ids and group key (b-tree indexed), and a substring of ids, header values or body.
 
@@ -114,11 +120,6 @@ def search_q(text):
     # queryset evaluated later reads a few already-indexed rows twice, which IN absorbs.
     params = [text] * len(EXACT) + indexed_params + [search_index.high_water()] + tail_params
     return Q(pk__in=RawSQL(" UNION ALL ".join(arms), params))
-
-
-EXACT = ("message_id", "correlation_id", "group_key")
-# The trigram index is asked for at most this many characters of a term (see _contains).
-INDEXED_TAIL = 12
 
 
 def _contains_any(document, spellings):
