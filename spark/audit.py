@@ -18,6 +18,7 @@ if __package__ in (None, ""):  # run as a script by spark-submit: make `spark.*`
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from spark import log_facts, metrics, transforms
 from spark.schema import (
@@ -174,6 +175,10 @@ def audit_frames(
     classified = transforms.with_key_names(
         transforms.classify_pairs(transforms.with_store(pairs, stored)), keys
     )
+    # The pairs carry a group's hash; the rolled rows get its name back.
+    group_names = log_facts.local_frame(
+        spark, [(g,) for g in facts.groups], [("consumer_group", "string")]
+    ).select(log_facts.group_hash().alias("group_hash"), "consumer_group")
     # One partition: the rollup is small, and a single partition satisfies every grouping and
     # join of the outputs, so each output is one stage instead of a chain of shuffles.
     # Computed here, eagerly, once.
@@ -184,6 +189,8 @@ def audit_frames(
                 spark, facts.gap_windows, [("window_ms", "bigint"), ("consumer_group", "string")]
             ),
         )
+        .join(F.broadcast(group_names), on="group_hash", how="left")
+        .drop("group_hash")
         .repartition(1)
         .localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
     )

@@ -143,6 +143,7 @@ class LogFacts:
     gap_windows: list[tuple]  # (window_ms, consumer_group)
     malformed: list[tuple]  # (window_ms, lines) of the audited day
     queue_groups: list[tuple]  # (queue, consumer_group) from the consumer logs and the bindings
+    groups: list[str]  # every group of the consumer logs or the bindings
 
     @classmethod
     def from_summary(
@@ -202,6 +203,9 @@ class LogFacts:
             gap_windows=gap_windows(gaps, grace_ms),
             malformed=sorted(malformed.items()),
             queue_groups=sorted(queue_groups),
+            groups=sorted(
+                {r.consumer_group for r in summary if r.source == "consumer"} - {None} | set(bound)
+            ),
         )
 
     def key_columns(self) -> list[tuple[str, str]]:

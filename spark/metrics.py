@@ -99,7 +99,7 @@ def _final(grace_ms: int, now_ms: int) -> str:
 
 def rollup(facts: DataFrame, grace_ms: int, now_ms: int) -> DataFrame:
     """Classified pairs and orphan lines (``transforms.with_key_names``) -> additive counts per
-    (window_ms, exchange, consumer_group, primary, orphan, latency_ms, evidence). ``evidence`` is
+    (window_ms, exchange, group_hash, primary, orphan, latency_ms, evidence). ``evidence`` is
     null except on the pairs and lines the evidence tables list, which keep a row each.
     Input gaps depend on (window, group) only: ``transforms.mark_gaps`` marks the rolled rows."""
     listed_lost = f"(NOT orphan AND unaccounted AND {_final(grace_ms, now_ms)})"
@@ -118,7 +118,7 @@ def rollup(facts: DataFrame, grace_ms: int, now_ms: int) -> DataFrame:
         + ", ".join(f"'{f}', {f}" for f in fields)
         + f", 'lost', {listed_lost}) END AS evidence"
     )
-    keys = ["window_ms", "exchange", "consumer_group", "primary", "orphan", "latency_ms"]
+    keys = ["window_ms", "exchange", "group_hash", "primary", "orphan", "latency_ms"]
     return facts.groupBy(*keys, F.expr(evidence)).agg(
         *_exprs(
             "count(1) AS pairs",

@@ -63,8 +63,10 @@ malformed    a line that does not parse against the schema, lacks a required fie
 # consumer line its message's facts (``pair_contributions``, reading the same consumer shuffle);
 # a second hash aggregate sums the lines into pairs (``pairs``). Every aggregation buffer is
 # fixed-width so both aggregates run as generated code: a routing key travels as a 64-bit hash,
-# the set of bound groups that logged a line as a bitmask. The logs' small facts (routing keys,
-# hours, malformed lines, queues) come from ``spark/log_facts.py``.
+# the set of bound groups that logged a line as a bitmask. A group travels as its 64-bit hash
+# through the shuffle, the pairs and the rollup; its name comes back on the rolled rows. The
+# logs' small facts (routing keys, hours, malformed lines, queues) come from
+# ``spark/log_facts.py``.
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -95,14 +97,14 @@ STORE_ROW_TYPE = T.StructType(
         T.StructField("kind", T.StringType()),
         T.StructField("reason", T.StringType()),
         T.StructField("replay_count", T.LongType()),
-        T.StructField("covered_group", T.StringType()),
+        T.StructField("covered_group", T.LongType()),  # its group's hash
     ]
 )
 
 # What one consumer line (or one silent expected group) adds to its pair.
 CONTRIBUTION_TYPE = T.StructType(
     [
-        T.StructField("consumer_group", T.StringType()),
+        T.StructField("group_hash", T.LongType()),
         T.StructField("deliveries", T.IntegerType()),
         T.StructField("redelivered", T.IntegerType()),
         T.StructField("late", T.IntegerType()),
@@ -150,13 +152,13 @@ def keyed_producer_lines(producer_lines: DataFrame, day_start_ms: int) -> DataFr
 
 def grouped_consumer_lines(consumer_lines: DataFrame, bound_groups: DataFrame) -> DataFrame:
     """Valid consumer lines as the pair steps read them: the group's hash and bit, and ``line``.
+    The group travels as its hash only (``audit_frames`` puts the names back on the rollup).
 
     ``per_message`` and ``pair_contributions`` read this frame's shuffle once between them only if
     both keep every column of it (else column pruning makes two different shuffles): what only
     the join needs travels in one struct that ``per_message`` references whole.
     ``bound_groups``: (consumer_group, bit)."""
     line = F.struct(
-        "consumer_group",
         "consumer",
         "ts",
         F.coalesce("redelivered", F.lit(False)).alias("redelivered"),
@@ -311,7 +313,7 @@ def pair_contributions(
     orphan = "first_ts IS NULL"
     on_time = f"(NOT {orphan} AND ts IS NOT NULL AND ts < window_ms + {HOUR_MS + grace_ms})"
     line = _contribution(
-        "consumer_group",
+        "group_hash",
         f"CASE WHEN {bits.any_expected()} THEN {bits.is_first_expected('bit')} "
         "ELSE group_hash = min_group_hash END",
         bits.expected("bit"),
@@ -330,7 +332,9 @@ def pair_contributions(
             f"filter(sequence(0, {len(bound_groups) - 1}), "
             f"i -> {bits.expected('i')} AND {bits.unseen('i')})"
         )
-        one = _contribution(f"element_at({names}, i + 1)", bits.is_first_expected("i"), "true")
+        one = _contribution(
+            f"xxhash64(element_at({names}, i + 1))", bits.is_first_expected("i"), "true"
+        )
         silent = f"transform({silent_bits}, i -> {one})"
     nobody = _contribution("NULL", "true", "false")
     # Most rows are one line of a message whose expected groups all logged: one contribution.
@@ -356,9 +360,7 @@ def pairs(contributions: DataFrame) -> DataFrame:
     """One row per (message, group), or per distinct orphan line (``lines`` = its copies).
 
     Keyed under message_id, so the aggregate runs on the shuffle's partitions."""
-    return contributions.groupBy(
-        "message_id", "consumer_group", "orphan_consumer", "orphan_ts"
-    ).agg(
+    return contributions.groupBy("message_id", "group_hash", "orphan_consumer", "orphan_ts").agg(
         *[F.first(c).alias(c) for c in ("first_ts", "window_ms", "key_hash", "attempts", "state")],
         F.max("primary").alias("primary"),
         F.max("expected").alias("expected"),
@@ -373,7 +375,8 @@ def pairs(contributions: DataFrame) -> DataFrame:
 
 def store_rows(store: DataFrame, queue_groups: DataFrame) -> DataFrame:
     """message_id -> its store rows (each once per group its source queue belongs to), and the
-    first ``store_id``. ``queue_groups``: (queue, consumer_group)."""
+    first ``store_id``. ``queue_groups``: (queue, consumer_group). A dead letter's covered group
+    is the group's hash, null when its queue is unknown (it covers every group)."""
     rows = store.where(F.col("message_id").isNotNull()).join(
         F.broadcast(queue_groups.withColumnRenamed("queue", "source_queue")),
         on="source_queue",
@@ -385,7 +388,10 @@ def store_rows(store: DataFrame, queue_groups: DataFrame) -> DataFrame:
         F.col("kind").alias("kind"),
         F.col("reason").alias("reason"),
         F.coalesce("replay_count", F.lit(0).cast("long")).alias("replay_count"),
-        F.when(F.col("kind") == "dead_letter", F.col("consumer_group")).alias("covered_group"),
+        F.when(
+            (F.col("kind") == "dead_letter") & F.col("consumer_group").isNotNull(),
+            group_hash(),
+        ).alias("covered_group"),
     )
     return rows.groupBy("message_id").agg(
         F.collect_list(row).alias("store_rows"), F.min("id").alias("store_id")
@@ -402,7 +408,7 @@ def classify_pairs(pairs: DataFrame) -> DataFrame:
     """Per pair: consumed, dead-lettered, recovered, unaccounted, duplicates by cause.
 
     Few pairs have store rows: the others skip the array functions."""
-    group = F.col("consumer_group")
+    group = F.col("group_hash")
 
     def covers(row: Column) -> Column:
         return row["covered_group"].isNull() | (row["covered_group"] == group)
@@ -435,7 +441,7 @@ def classify_pairs(pairs: DataFrame) -> DataFrame:
         "message_id",
         "window_ms",
         "key_hash",
-        "consumer_group",
+        "group_hash",
         "primary",
         "attempts",
         "state",
@@ -472,17 +478,17 @@ def with_key_names(pairs: DataFrame, keys: DataFrame) -> DataFrame:
 
 
 def mark_gaps(rows: DataFrame, gap_window: DataFrame) -> DataFrame:
-    """Adds ``in_input_gap`` by (window_ms, consumer_group); ``gap_window``: (window_ms,
+    """Adds ``in_input_gap`` by (window_ms, group_hash); ``gap_window``: (window_ms,
     consumer_group), a null group = every group."""
     producer = gap_window.where(F.col("consumer_group").isNull()).select(
         "window_ms", F.lit(True).alias("producer_gap")
     )
     consumer = gap_window.where(F.col("consumer_group").isNotNull()).select(
-        "window_ms", "consumer_group", F.lit(True).alias("consumer_gap")
+        "window_ms", group_hash().alias("group_hash"), F.lit(True).alias("consumer_gap")
     )
     return (
         rows.join(F.broadcast(producer), on="window_ms", how="left")
-        .join(F.broadcast(consumer), on=["window_ms", "consumer_group"], how="left")
+        .join(F.broadcast(consumer), on=["window_ms", "group_hash"], how="left")
         .withColumn(
             "in_input_gap",
             F.coalesce("producer_gap", F.lit(False)) | F.coalesce("consumer_gap", F.lit(False)),
