@@ -42,9 +42,11 @@ log = logging.getLogger(__name__)
 
 # Heartbeat + state check period: how fast a cancel or a pause takes effect.
 CONTROL_S = 0.5
-# Outcomes are written at least this often, and in batches of at most FLUSH_ROWS.
-FLUSH_S = 0.05
-FLUSH_ROWS = 250
+# Outcomes are written at least this often, and in batches of at most FLUSH_ROWS. Small and
+# often: a message counts against the window until its outcome is written, so at full speed
+# the time from publish to record, not CPU, is what bounds a job (window / that time).
+FLUSH_S = 0.01
+FLUSH_ROWS = 100
 # The circuit breaker counts what came back at most this often (a join over the job's items).
 BREAKER_CHECK_S = 2.0
 # How long the publisher may be disconnected before the job says it is waiting for RabbitMQ.
