@@ -9,8 +9,14 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 app = Celery("lazarus")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["recovery"])
-app.autodiscover_tasks(["recovery"], related_name="count_tasks")
-app.conf.imports = ["recovery.audit_tasks", "recovery.outbox_tasks"]
+# Task modules beside recovery/tasks.py, imported when a worker starts. Every beat entry's task
+# must live in one of them (tests/test_health_and_worker.py checks it in a fresh interpreter).
+app.conf.imports = [
+    "recovery.audit_tasks",
+    "recovery.count_tasks",
+    "recovery.outbox_tasks",
+    "recovery.search_tasks",
+]
 
 app.user_options["worker"].add(
     click.Option(

@@ -1,5 +1,6 @@
 """/healthz, and the collector running inside a real Celery worker process (the bootstep)."""
 
+import json
 import os
 import signal
 import subprocess
@@ -84,3 +85,21 @@ def test_a_celery_worker_runs_the_collector(wired, clean_queues, tmp_path):
         log_file.close()
     assert worker.returncode is not None
     assert urllib.parse.urlparse(env["DATABASE_URL"]).path.startswith("/test_")
+
+
+def test_every_beat_entry_names_a_task_a_fresh_worker_registers():
+    """What a worker imports at start (not what this test session happens to have imported)."""
+    from console.celery import app
+
+    script = (
+        "import django, json; django.setup(); from console.celery import app; "
+        "app.loader.import_default_modules(); print(json.dumps(sorted(app.tasks)))"
+    )
+    registered = json.loads(
+        subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True)
+        .stdout.strip()
+        .splitlines()[-1]
+    )
+    scheduled = {entry["task"] for entry in app.conf.beat_schedule.values()}
+    assert scheduled and not scheduled - set(registered), scheduled - set(registered)
+    assert "recovery.tasks.run_replay_job" in registered
