@@ -13,23 +13,36 @@ CLOCK = os.sysconf("SC_CLK_TCK")
 FAMILIES = ("postgres", "beam.smp")
 
 
+def _stat(pid):
+    """(process name, the fields after it) of /proc/<pid>/stat, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    return stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+
+
+def cpu_seconds(pid, reaped_children=False):
+    """User + system CPU seconds of a process (None if it is gone); with ``reaped_children``
+    also those of children it has waited for."""
+    stat = _stat(pid)
+    return None if stat is None else _seconds(stat[1], reaped_children)
+
+
+def _seconds(fields, reaped_children):
+    return sum(int(v) for v in fields[11 : 15 if reaped_children else 13]) / CLOCK
+
+
 def _family_seconds():
     """{(family, pid): CPU seconds} of every running process of FAMILIES."""
     totals = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                stat = fh.read()
-        except OSError:
-            continue  # gone meanwhile
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        if name in FAMILIES:
-            fields = stat[stat.rindex(")") + 2 :].split()
-            # utime + stime, and cutime + cstime: the postmaster collects the CPU of backends
-            # that exited (a closed connection), so none of it goes missing.
-            totals[name, entry] = sum(int(v) for v in fields[11:15]) / CLOCK
+        stat = _stat(entry) if entry.isdigit() else None
+        if stat is not None and stat[0] in FAMILIES:
+            # With the reaped children: the postmaster collects the CPU of backends that
+            # exited (a closed connection), so none of it goes missing.
+            totals[stat[0], entry] = _seconds(stat[1], reaped_children=True)
     return totals
 
 

@@ -56,6 +56,7 @@ import psycopg  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 
+from bench._cpu import cpu_seconds  # noqa: E402
 from recovery.broker import Management  # noqa: E402
 from recovery.topology import wire  # noqa: E402
 
@@ -119,15 +120,6 @@ def progress(pg):
     makes this an overestimate, so the end is confirmed with count(*).
     """
     return pg.execute("SELECT coalesce(max(id), 0) FROM recovery_message").fetchone()[0]
-
-
-def cpu_seconds(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except FileNotFoundError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class BackendCpu:
@@ -254,12 +246,7 @@ def index_drained():
 
     connection.close()  # a fresh connection to the bench database
     started = time.perf_counter()
-    indexed = 0
-    while True:
-        batch = search_index.index_new(budget_seconds=3600)
-        if not batch:
-            break
-        indexed += batch
+    indexed = search_index.index_new(budget_seconds=None)
     return indexed / (time.perf_counter() - started)
 
 

@@ -49,11 +49,11 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.test import Client  # noqa: E402
 
+from recovery import search_index  # noqa: E402
 from recovery.broker import Management  # noqa: E402
 from recovery.collector import database_conninfo  # noqa: E402
 from recovery.ingest import ROW_COLUMNS, failure_group  # noqa: E402
 from recovery.models import MessageCount  # noqa: E402
-from recovery.search_index import SEARCH_DOCUMENT_SQL  # noqa: E402
 from recovery.topology import wire  # noqa: E402
 
 TARGETS_MS = {"list": 100, "search": 50, "detail": 50, "overview": 200}
@@ -145,9 +145,7 @@ def load(n):
         pg.execute("TRUNCATE recovery_message CASCADE")
         # A bulk load builds the trigram index once afterwards (as a restore would): maintaining
         # it row by row makes the load, not the pages, slow. Same definition, from the catalog.
-        search_index = pg.execute("SELECT pg_get_indexdef('msgsearch_trgm'::regclass)").fetchone()[
-            0
-        ]
+        index_sql = pg.execute("SELECT pg_get_indexdef('msgsearch_trgm'::regclass)").fetchone()[0]
         pg.execute("DROP INDEX msgsearch_trgm")
         pg.commit()
         # One statement per 100k rows: the count trigger and the indexes see realistic batches.
@@ -169,12 +167,9 @@ def load(n):
             print(f"  loaded {loaded}/{n} ({time.perf_counter() - started:.0f} s)", flush=True)
     with psycopg.connect(database_conninfo(), autocommit=True) as pg:
         pg.execute("SET maintenance_work_mem = '512MB'")
-        # The search documents, as the indexer writes them (recovery.search_index).
-        pg.execute(
-            f"INSERT INTO recovery_messagesearch (message_id, document) "
-            f"SELECT id, {SEARCH_DOCUMENT_SQL} FROM recovery_message"
-        )
-        pg.execute(search_index)
+        # The search documents, written by the indexer itself, before the index is built.
+        search_index.index_new(budget_seconds=None)
+        pg.execute(index_sql)
         print(f"  search index built ({time.perf_counter() - started:.0f} s)", flush=True)
         pg.execute("VACUUM ANALYZE recovery_message")
     MessageCount.compact()

@@ -81,7 +81,7 @@ def index_new(batch=BATCH, budget_seconds=30.0):
     """Index the messages stored since the last run; returns how many (None: another run is on).
 
     Stops after ``budget_seconds`` so a beat-driven run never piles up behind itself; the next
-    run continues from the high-water mark.
+    run continues from the high-water mark. ``budget_seconds=None``: until nothing is left.
     """
 
     def run():
@@ -89,8 +89,8 @@ def index_new(batch=BATCH, budget_seconds=30.0):
         high = high_water()
         if high:
             indexed += _index_range(max(high - LOOKBACK_IDS, 0), high)
-        deadline = time.monotonic() + budget_seconds
-        while time.monotonic() < deadline:
+        deadline = None if budget_seconds is None else time.monotonic() + budget_seconds
+        while deadline is None or time.monotonic() < deadline:
             with connection.cursor() as cur:
                 # The next ``batch`` ids above the mark, however sparse the ids are.
                 cur.execute(

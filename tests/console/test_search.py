@@ -202,3 +202,16 @@ def test_healthz_reports_the_indexer_lag(client):
     assert client.get("/healthz").json()["search_index"] == {"unindexed": 1}
     search_index.index_new()
     assert client.get("/healthz").json()["search_index"] == {"unindexed": 0}
+
+
+def test_index_search_command_indexes_everything_above_the_mark():
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    for n in range(3):
+        make_message(message_id=f"cmd-{n}", body=b"x")
+    out = StringIO()
+    call_command("index_search", "--all", stdout=out)
+    assert out.getvalue().strip() == "3 messages indexed; 0 above the mark"
+    assert MessageSearch.objects.count() == 3

@@ -14,14 +14,9 @@ class Command(BaseCommand):
         parser.add_argument("--all", action="store_true", help="sweep the whole store")
 
     def handle(self, *args, all, **options):
-        total = 0
-        while True:
-            indexed = search_index.index_new(budget_seconds=3600)
-            if indexed is None:
-                raise CommandError("another indexer run holds the lock; try again shortly")
-            total += indexed
-            if not indexed:
-                break
+        total = search_index.index_new(budget_seconds=None)
+        if total is None:
+            raise CommandError("another indexer run holds the lock; try again shortly")
         if all:
             total += search_index.sweep() or 0
         self.stdout.write(
