@@ -20,6 +20,7 @@ import decimal
 import math
 
 TAG = "$t"
+_EPOCH_UTC = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
 
 class LongBytes(bytes):
@@ -48,6 +49,16 @@ def datetime_or_none(seconds):
         return None
 
 
+_DATETIME = datetime.datetime
+_EPOCH = datetime.datetime(1970, 1, 1)
+
+
+def _timestamp_json(value):
+    # == int(value.replace(tzinfo=UTC).timestamp()) for a naive (UTC) one, without the copy.
+    seconds = (value - _EPOCH if value.tzinfo is None else value - _EPOCH_UTC).total_seconds()
+    return {TAG: "timestamp", "v": int(seconds)}
+
+
 def to_json(value):
     """One AMQP (pika or py-amqp decoded) value -> a JSON-safe value."""
     # Fast path for the types pika produces (the collector converts every header of every
@@ -59,11 +70,27 @@ def to_json(value):
     if kind is int or kind is bool or value is None:
         return value
     if kind is dict:
-        table = {str(k): to_json(v) for k, v in value.items()}
+        table = _table_to_json(value)
         return {TAG: "table", "v": table} if TAG in table else table
     if kind is list:
         return [to_json(item) for item in value]
+    if kind is _DATETIME:
+        return _timestamp_json(value)
     return _other_to_json(value)
+
+
+def _table_to_json(table):
+    """A table's entries -> JSON; plain strings and ints, the common case, without a call each."""
+    result = {}
+    for key, value in table.items():
+        kind = type(value)
+        if kind is str:
+            if "\x00" in value:
+                value = {TAG: "str0", "v": value.split("\x00")}
+        elif not (kind is int or kind is bool or value is None):
+            value = to_json(value)
+        result[key if type(key) is str else str(key)] = value
+    return result
 
 
 def _other_to_json(value):
@@ -82,15 +109,13 @@ def _other_to_json(value):
     if isinstance(value, decimal.Decimal):
         return {TAG: "decimal", "v": str(value)}
     if isinstance(value, datetime.datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=datetime.UTC)
-        return {TAG: "timestamp", "v": int(value.timestamp())}
+        return _timestamp_json(value)
     if isinstance(value, LongBytes):
         return {TAG: "lstr", "v": base64.b64encode(value).decode("ascii")}
     if isinstance(value, bytes | bytearray | memoryview):
         return {TAG: "bytes", "v": base64.b64encode(bytes(value)).decode("ascii")}
     if isinstance(value, dict):
-        table = {str(k): to_json(v) for k, v in value.items()}
+        table = _table_to_json(value)
         if TAG in table:
             return {TAG: "table", "v": table}
         return table
@@ -131,7 +156,7 @@ def from_json(value):
 
 
 def headers_to_json(headers):
-    return {str(k): to_json(v) for k, v in (headers or {}).items()}
+    return _table_to_json(headers) if headers else {}
 
 
 def headers_from_json(data):

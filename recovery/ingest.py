@@ -20,6 +20,7 @@ import functools
 import hashlib
 import json
 import re
+from json.encoder import c_make_encoder, encode_basestring_ascii
 from typing import NamedTuple
 
 from psycopg.types.json import set_json_dumps
@@ -104,6 +105,8 @@ ROW_COLUMNS = StoreRow._fields
 
 def _text(value, limit=None):
     """A header or property value as database text (PostgreSQL text cannot hold NUL)."""
+    if type(value) is str and "\x00" not in value:
+        return value[:limit] if limit else value
     if value is None:
         return ""
     if isinstance(value, bytes):
@@ -138,24 +141,44 @@ def x_death_summary(x_death):
     RabbitMQ keeps one entry per (queue, reason), most recent first; the message goes back to the
     queue of its most recent death. Anything malformed (a producer can forge x-death) is skipped.
     """
-    if not isinstance(x_death, list):
+    if type(x_death) is not list and not isinstance(x_death, list):
         return None
-    entries = [e for e in x_death if isinstance(e, dict)]
-    if not entries:
+    latest = None
+    count = 0
+    first_at = last_at = None
+    for entry in x_death:  # one loop: this runs for every dead letter collected
+        if type(entry) is not dict and not isinstance(entry, dict):
+            continue
+        if latest is None:
+            latest = entry
+        n = entry.get("count")
+        n = n if type(n) is int else _as_int(n, 1)
+        if n > 0:
+            count += n
+        moment = entry.get("time")
+        if type(moment) is not datetime.datetime:
+            moment = _as_datetime(moment)
+            if moment is None:
+                continue
+        elif moment.tzinfo is None:
+            moment = moment.replace(tzinfo=datetime.UTC)
+        if first_at is None or moment < first_at:
+            first_at = moment
+        if last_at is None or moment > last_at:
+            last_at = moment
+    if latest is None:
         return None
-    latest = entries[0]
-    times = [t for t in (_as_datetime(e.get("time")) for e in entries) if t is not None]
     routing_keys = latest.get("routing-keys") or []
-    if not isinstance(routing_keys, list):
+    if type(routing_keys) is not list and not isinstance(routing_keys, list):
         routing_keys = [routing_keys]
     return {
         "queue": _text(latest.get("queue")),
         "exchange": _text(latest.get("exchange")),
         "routing_keys": [_text(k) for k in routing_keys],
         "reason": _text(latest.get("reason")),
-        "count": sum(max(_as_int(e.get("count"), 1), 0) for e in entries),
-        "first_at": min(times) if times else None,
-        "last_at": max(times) if times else None,
+        "count": count,
+        "first_at": first_at,
+        "last_at": last_at,
     }
 
 
@@ -171,10 +194,17 @@ def _group(where, reason, exc_type, exc_message):
     return hashlib.sha1(label.encode()).hexdigest(), label
 
 
+def _first_header(headers, names):
+    for name in names:
+        if name in headers:
+            return _text(headers[name])
+    return ""
+
+
 def failure_group(where, reason, headers):
     """(key, label) grouping messages that failed the same way: where, reason, exception."""
-    exc_type = next((_text(headers[h]) for h in EXCEPTION_TYPE_HEADERS if h in headers), "")
-    exc_message = next((_text(headers[h]) for h in EXCEPTION_MESSAGE_HEADERS if h in headers), "")
+    exc_type = _first_header(headers, EXCEPTION_TYPE_HEADERS)
+    exc_message = _first_header(headers, EXCEPTION_MESSAGE_HEADERS)
     return _group(where or "(unknown)", reason, exc_type, exc_message)
 
 
@@ -183,7 +213,7 @@ def properties_to_json(properties):
     for name in PROPERTY_NAMES:
         value = getattr(properties, name, None)
         if value is not None:
-            values[name] = header_codec.to_json(value)
+            values[name] = value if type(value) is int else header_codec.to_json(value)
     return values
 
 
@@ -197,7 +227,30 @@ def fingerprint_of(vhost, queue, properties_text, headers_text, body):
 
 # Keys in the order they came off the wire: a redelivery is the same stored message, encoded by
 # the broker the same way, so it produces the same text (and fingerprint) without sorting.
-_dumps = json.JSONEncoder(separators=(",", ":")).encode
+# The output of ``json.JSONEncoder(separators=(",", ":")).encode``, from one C encoder made once
+# (``encode`` builds a new one per call); values are JSON-safe already (headers.to_json), there
+# is no cycle to check for.
+_encoder = (
+    c_make_encoder(
+        None,
+        json.JSONEncoder().default,
+        encode_basestring_ascii,
+        None,
+        ":",
+        ",",
+        False,
+        False,
+        True,
+    )
+    if c_make_encoder
+    else None
+)
+
+
+def _dumps(value):
+    if _encoder is None:
+        return json.dumps(value, separators=(",", ":"))
+    return "".join(_encoder(value, 0))
 
 
 def _dead_letter_origin(headers, routing_key):
@@ -244,7 +297,10 @@ def delivery_to_row(
         death, reason, source_queue, source_exchange, routing_keys = _dead_letter_origin(
             headers, routing_key
         )
-        where = source_queue or _route_label(source_exchange, routing_keys[0])
+        # x-death may name no routing key at all (forged, or an empty list): still a message.
+        where = source_queue or _route_label(
+            source_exchange, routing_keys[0] if routing_keys else ""
+        )
     elif source == RETURNS:
         kind = _text(headers.get("x-recovery-kind"))
         if kind not in RETURN_KINDS:
