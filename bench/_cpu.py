@@ -30,6 +30,26 @@ def cpu_seconds(pid, reaped_children=False):
     return None if stat is None else _seconds(stat[1], reaped_children)
 
 
+def process_tree(pid):
+    """``pid`` and its running descendants (a worker and the collector processes it started)."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        stat = _stat(entry) if entry.isdigit() else None
+        if stat is not None:
+            parents.setdefault(int(stat[1][1]), []).append(int(entry))
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        todo.extend(parents.get(current, ()))
+    return tree
+
+
+def tree_cpu_seconds(pid):
+    """{pid: CPU seconds} for ``pid`` and its running descendants."""
+    return {p: s for p in process_tree(pid) if (s := cpu_seconds(p)) is not None}
+
+
 def _seconds(fields, reaped_children):
     return sum(int(v) for v in fields[11 : 15 if reaped_children else 13]) / CLOCK
 

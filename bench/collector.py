@@ -56,7 +56,7 @@ import psycopg  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 
-from bench._cpu import cpu_seconds  # noqa: E402
+from bench._cpu import cpu_seconds, process_tree, tree_cpu_seconds  # noqa: E402
 from recovery.broker import Management  # noqa: E402
 from recovery.topology import wire  # noqa: E402
 
@@ -157,6 +157,8 @@ def start_worker(vhost, args, log_path):
         env["COLLECTOR_PREFETCH"] = str(args.prefetch)
     if args.batch:
         env["COLLECTOR_BATCH_SIZE"] = str(args.batch)
+    if args.processes is not None:
+        env["COLLECTOR_PROCESSES"] = str(args.processes)
     return subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "console", "worker", "--collector"]
         + ["--pool", "solo", "-l", "warning", "-Q", f"lazarus.bench.{os.getpid()}"],
@@ -177,11 +179,20 @@ def stop_worker(worker):
 
 
 def rss_mb(pid):
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return 0.0
+
+
+def tree_rss_mb(pid):
+    """(biggest, sum) RSS of the worker and its collector processes."""
+    sizes = [rss_mb(p) for p in process_tree(pid)]
+    return max(sizes), sum(sizes)
 
 
 def drain(vhost, n, args, sample_rss=False):
@@ -210,14 +221,19 @@ def drain(vhost, n, args, sample_rss=False):
             count = progress(pg)
             now = time.perf_counter()
             if first_at is None and count:
-                first_at, first_count, first_cpu = now, count, cpu_seconds(pid)
+                first_at, first_count, first_cpu = now, count, tree_cpu_seconds(pid)
             if now - last_sample >= 1.0:
                 last_sample = now
                 backends.sample()
                 if sample_rss:
-                    samples.append((count, rss_mb(pid)))
+                    biggest, total = tree_rss_mb(pid)
+                    samples.append((count, biggest, total))
                     if len(samples) % 5 == 1:
-                        print(f"  rss {samples[-1][1]:7.1f} MB at {count:>8} stored", flush=True)
+                        print(
+                            f"  rss {biggest:7.1f} MB (biggest process), {total:7.1f} MB (all)"
+                            f" at {count:>8} stored",
+                            flush=True,
+                        )
             if count >= n and store_count(pg) >= n:
                 break
             if time.monotonic() > deadline:
@@ -227,8 +243,11 @@ def drain(vhost, n, args, sample_rss=False):
         elapsed = now - first_at
         rate = (n - first_count) / elapsed if elapsed > 0 else float("inf")
         drained = n - first_count
+        # The worker and its collector processes; one started after the first row counts from 0.
+        used = sum(s - first_cpu.get(p, 0.0) for p, s in tree_cpu_seconds(pid).items())
         cpu = {
-            "collector": (cpu_seconds(pid) - first_cpu) / drained * 1e6,
+            "collector": used / drained * 1e6,
+            "processes": len(process_tree(pid)),
             # Backends started with the collector, so this includes the first rows: close enough.
             "postgres": backends.total() / n * 1e6,
         }
@@ -285,6 +304,9 @@ def main():
     parser.add_argument("--prefetch", type=int)
     parser.add_argument("--batch", type=int)
     parser.add_argument(
+        "--processes", type=int, help="COLLECTOR_PROCESSES for the worker (default: the product's)"
+    )
+    parser.add_argument(
         "--rounds", type=int, default=2, help="collector + baseline pairs; best of each is used"
     )
     args = parser.parse_args()
@@ -304,8 +326,8 @@ def main():
                 rates.append(rate)
                 print(
                     f"  collector drain DLQ -> store {rate:9.0f} msg/s  (CPU per message: "
-                    f"collector {cpu['collector']:.0f} us, its PostgreSQL backends "
-                    f"{cpu['postgres']:.0f} us)"
+                    f"collector {cpu['collector']:.0f} us in {cpu['processes']} process(es), "
+                    f"its PostgreSQL backends {cpu['postgres']:.0f} us)"
                 )
                 print(f"  search indexer behind it     {index_drained():9.0f} msg/s")
                 if not args.skip_baseline:
@@ -323,12 +345,14 @@ def main():
             print(f"collector RSS while draining {n} 1 KiB dead letters")
             print(f"  fill {fill(vhost, n):9.0f} msg/s")
             rate, samples, _cpu = drain(vhost, n, args, sample_rss=True)
-            rss = [mb for count, mb in samples if count]  # from the first stored row on
-            print(f"  drained at {rate:.0f} msg/s; RSS samples while draining: {len(rss)}")
-            print(
-                f"  RSS first {rss[0]:.1f} MB, median {sorted(rss)[len(rss) // 2]:.1f} MB, "
-                f"last {rss[-1]:.1f} MB, peak {max(rss):.1f} MB (target: flat, < 250 MB)"
-            )
+            print(f"  drained at {rate:.0f} msg/s with {_cpu['processes']} collector process(es)")
+            for label, index in (("biggest process", 1), ("all processes", 2)):
+                rss = [sample[index] for sample in samples if sample[0]]  # from the first row on
+                print(
+                    f"  RSS of the {label}: first {rss[0]:.1f} MB, "
+                    f"median {sorted(rss)[len(rss) // 2]:.1f} MB, last {rss[-1]:.1f} MB, "
+                    f"peak {max(rss):.1f} MB (target: flat, < 250 MB)"
+                )
     finally:
         management.delete_vhost(vhost)
 

@@ -279,6 +279,10 @@ COLLECTOR_PREFETCH_BYTES = env_int("COLLECTOR_PREFETCH_BYTES", 64 * 1024 * 1024,
 # lets that run on a second core while the first commits (2475 vs 1664 msg/s, 2 cores). More
 # writers than the database has cores only add churn; each is one database connection.
 COLLECTOR_WRITERS = env_int("COLLECTOR_WRITERS", 2, minimum=1)
+# Collector processes per worker started with --collector (recovery/collector_processes.py): the
+# worker's own plus this many minus one. One Python process decodes on one core at most; 0 means
+# one per CPU core the worker may use.
+COLLECTOR_PROCESSES = env_int("COLLECTOR_PROCESSES", 0, minimum=0)
 
 # Replay.
 # How often the search indexer copies new messages into the trigram-indexed search table.

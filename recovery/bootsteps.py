@@ -17,7 +17,9 @@ class CollectorStep(bootsteps.StartStopStep):
     ``--no-collector`` to dedicate them to replay jobs and audits. The threads live in the main
     worker process and start after the pool, so prefork children are forked before they exist.
     On a warm shutdown (SIGTERM) they store and ack what they hold; after a kill -9 the broker
-    redelivers it and the store's fingerprint drops what had been stored already.
+    redelivers it and the store's fingerprint drops what had been stored already. With
+    COLLECTOR_PROCESSES above 1 (0: one per core) the worker also runs that many minus one
+    collector processes of their own (``recovery.collector_processes``).
     """
 
     requires = ("celery.worker.components:Pool",)
@@ -28,12 +30,16 @@ class CollectorStep(bootsteps.StartStopStep):
         self.enabled = settings.COLLECTOR_ENABLED if collector is None else collector
         self.stop_event = None
         self.threads = []
+        self.processes = None
         super().__init__(worker, **kwargs)
 
     def start(self, worker):
         import sys
 
+        from django.conf import settings
+
         from recovery.collector import start_collectors
+        from recovery.collector_processes import CollectorProcesses, collector_process_count
 
         # The consumer threads decode while the writer threads wait on COPY; with Python's
         # default 5 ms switch interval a writer whose COPY finished waits that long for the GIL
@@ -41,12 +47,19 @@ class CollectorStep(bootsteps.StartStopStep):
         sys.setswitchinterval(COLLECTOR_SWITCH_INTERVAL_S)
         self.stop_event, self.threads = start_collectors()
         log.info("collector started: %s", ", ".join(t.name for t in self.threads))
+        extra = collector_process_count(settings.COLLECTOR_PROCESSES) - 1
+        if extra > 0:
+            self.processes = CollectorProcesses(extra).start()
 
     def stop(self, worker):
         from recovery.collector import stop_collectors
 
+        if self.processes is not None:
+            self.processes.stop()
+            self.processes = None
         if self.stop_event is not None:
             stop_collectors(self.stop_event, self.threads)
+            self.stop_event = None
             log.info("collector stopped")
 
     shutdown = stop
