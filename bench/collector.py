@@ -8,13 +8,16 @@
 Drain: fills ``recovery.dead_letters`` with N real 1 KiB dead letters (published to an app queue
 with ``x-message-ttl: 0`` that dead-letters to ``recovery.dlx``, the way the baseline fills its
 DLQ), then starts a real Celery worker with the collector and times the drain into the store.
-The timer starts at the first stored row, so worker start-up (Django, Celery) is not counted —
-the baseline does not count its imports either. Then runs ``/work/shared/bench/drain_baseline.py``
-with the same N in a subprocess, against its own vhost and database, and prints
-``collector / baseline``. With ``--rounds R`` (default 2) the pair runs R times, alternating, and
-the ratio uses the best of each (load from other processes only ever slows a run down). Prints,
-never asserts; also the CPU per message of the collector process and of its PostgreSQL backends
-against the baseline's, which load on the machine disturbs far less than the rates.
+The timer starts at the first stored row once every collector process of the worker consumes
+from the queue (the worker's own threads start a second or so before the extra processes it
+spawns, ``COLLECTOR_PROCESSES``), so start-up (Django, Celery) is not counted — the baseline does
+not count its imports either; the rate printed is the one a running collector drains at.
+Then runs ``/work/shared/bench/drain_baseline.py`` with the same N in a subprocess, against its
+own vhost and database, and prints ``collector / baseline``. With ``--rounds R`` (default 2)
+the pair runs R times, alternating, and the ratio uses the best of each (load from other
+processes only ever slows a run down). Prints, never asserts; also the CPU per message of the
+collector processes and of their PostgreSQL backends against the baseline's, which load on
+the machine disturbs far less than the rates.
 
 After each drain the search indexer (recovery.search_index) indexes the drained rows and its
 rate is printed: the collector no longer pays for the trigram search index, the indexer does,
@@ -58,11 +61,13 @@ from django.core.management import call_command  # noqa: E402
 
 from bench._cpu import cpu_seconds, process_tree, tree_cpu_seconds  # noqa: E402
 from recovery.broker import Management  # noqa: E402
+from recovery.collector_processes import collector_process_count  # noqa: E402
 from recovery.topology import wire  # noqa: E402
 
 BASELINE = Path("/work/shared/bench/drain_baseline.py")
 BODY = b"x" * 1024
 APP_QUEUE = "bench.work"
+DLQ = "recovery.dead_letters"
 
 
 def ensure_database():
@@ -213,6 +218,9 @@ def drain(vhost, n, args, sample_rss=False):
     else:
         worker = start_worker(vhost, args, log_path)
         pid, stop = worker.pid, lambda: stop_worker(worker)
+    expected = 1 if args.in_process else collector_process_count(args.processes or 0)
+    amqp = pika.BlockingConnection(pika.URLParameters(vhost_url(vhost)))
+    channel = amqp.channel()
     try:
         first_at = first_count = first_cpu = None
         last_sample = 0.0
@@ -220,7 +228,11 @@ def drain(vhost, n, args, sample_rss=False):
         while True:
             count = progress(pg)
             now = time.perf_counter()
-            if first_at is None and count:
+            if (
+                first_at is None
+                and count
+                and channel.queue_declare(DLQ, passive=True).method.consumer_count >= expected
+            ):
                 first_at, first_count, first_cpu = now, count, tree_cpu_seconds(pid)
             if now - last_sample >= 1.0:
                 last_sample = now
@@ -254,6 +266,7 @@ def drain(vhost, n, args, sample_rss=False):
     finally:
         stop()
         pg.close()
+        amqp.close()
     return rate, samples, cpu
 
 
