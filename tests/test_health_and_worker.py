@@ -103,3 +103,19 @@ def test_every_beat_entry_names_a_task_a_fresh_worker_registers():
     scheduled = {entry["task"] for entry in app.conf.beat_schedule.values()}
     assert scheduled and not scheduled - set(registered), scheduled - set(registered)
     assert "recovery.tasks.run_replay_job" in registered
+
+
+def test_a_fresh_worker_does_not_load_the_audits_arrow_and_numpy():
+    """~80 MB every worker (the collector's too) would carry for a task that runs nightly."""
+    script = (
+        "import django, json, sys; django.setup(); from console.celery import app; "
+        "app.loader.import_default_modules(); "
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
+    )
+    loaded = json.loads(
+        subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True)
+        .stdout.strip()
+        .splitlines()[-1]
+    )
+    assert "recovery" in loaded and "celery" in loaded
+    assert not {"pyarrow", "numpy", "pyspark"} & set(loaded)
