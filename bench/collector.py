@@ -234,6 +234,7 @@ def drain(vhost, n, args, sample_rss=False):
                 and channel.queue_declare(DLQ, passive=True).method.consumer_count >= expected
             ):
                 first_at, first_count, first_cpu = now, count, tree_cpu_seconds(pid)
+                amqp.close()  # not needed any more (and it would miss its heartbeats)
             if now - last_sample >= 1.0:
                 last_sample = now
                 backends.sample()
@@ -266,7 +267,8 @@ def drain(vhost, n, args, sample_rss=False):
     finally:
         stop()
         pg.close()
-        amqp.close()
+        if amqp.is_open:
+            amqp.close()
     return rate, samples, cpu
 
 
