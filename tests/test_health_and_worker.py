@@ -87,19 +87,24 @@ def test_a_celery_worker_runs_the_collector(wired, clean_queues, tmp_path):
     assert urllib.parse.urlparse(env["DATABASE_URL"]).path.startswith("/test_")
 
 
-def test_every_beat_entry_names_a_task_a_fresh_worker_registers():
-    """What a worker imports at start (not what this test session happens to have imported)."""
-    from console.celery import app
-
+def in_a_fresh_worker(expression):
+    """The JSON value of ``expression`` in a new interpreter that has imported what a worker
+    imports at start (not what this test session happens to have imported)."""
     script = (
-        "import django, json; django.setup(); from console.celery import app; "
-        "app.loader.import_default_modules(); print(json.dumps(sorted(app.tasks)))"
+        "import django, json, sys; django.setup(); from console.celery import app; "
+        f"app.loader.import_default_modules(); print(json.dumps({expression}))"
     )
-    registered = json.loads(
+    return json.loads(
         subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True)
         .stdout.strip()
         .splitlines()[-1]
     )
+
+
+def test_every_beat_entry_names_a_task_a_fresh_worker_registers():
+    from console.celery import app
+
+    registered = in_a_fresh_worker("sorted(app.tasks)")
     scheduled = {entry["task"] for entry in app.conf.beat_schedule.values()}
     assert scheduled and not scheduled - set(registered), scheduled - set(registered)
     assert "recovery.tasks.run_replay_job" in registered
@@ -107,15 +112,6 @@ def test_every_beat_entry_names_a_task_a_fresh_worker_registers():
 
 def test_a_fresh_worker_does_not_load_the_audits_arrow_and_numpy():
     """~80 MB every worker (the collector's too) would carry for a task that runs nightly."""
-    script = (
-        "import django, json, sys; django.setup(); from console.celery import app; "
-        "app.loader.import_default_modules(); "
-        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
-    )
-    loaded = json.loads(
-        subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True)
-        .stdout.strip()
-        .splitlines()[-1]
-    )
+    loaded = in_a_fresh_worker("sorted({m.split('.')[0] for m in sys.modules})")
     assert "recovery" in loaded and "celery" in loaded
     assert not {"pyarrow", "numpy", "pyspark"} & set(loaded)

@@ -31,8 +31,9 @@ FAULT_N = int(os.environ.get("COLLECTOR_FAULT_N", "30000"))
 BODY = b"f" * 1024
 
 
-def fill(vhost, queue, n):
-    """N real dead letters in recovery.dead_letters, message ids ``{queue}-{i}``."""
+def fill(vhost, queue, n, wait=True):
+    """N real dead letters in recovery.dead_letters, message ids ``{queue}-{i}``; with ``wait``
+    until they are all there (not while a collector drains them)."""
     channel = open_channel(vhost)
     channel.queue_delete(queue)
     channel.queue_declare(
@@ -46,11 +47,12 @@ def fill(vhost, queue, n):
         )
         if i % 10000 == 9999:
             channel.connection.process_data_events(0)
-    wait_for(
-        lambda: depth(channel, "recovery.dead_letters") >= n,
-        timeout=120,
-        message=f"{n} dead letters",
-    )
+    if wait:
+        wait_for(
+            lambda: depth(channel, "recovery.dead_letters") >= n,
+            timeout=120,
+            message=f"{n} dead letters",
+        )
     channel.connection.close()
 
 

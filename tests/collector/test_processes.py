@@ -11,7 +11,7 @@ import pytest
 from recovery.collector_processes import collector_process_count
 from recovery.models import CollectorHeartbeat
 from tests.collector.conftest import open_channel
-from tests.collector.test_faults import BODY, stored_count
+from tests.collector.test_faults import fill, stored_count
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -52,20 +52,6 @@ def consumers(vhost, queue="recovery.dead_letters"):
         channel.connection.close()
 
 
-def dead_letter(vhost, queue, n):
-    """N real dead letters (TTL-0 expiry) while collectors drain them: no waiting for depth."""
-    channel = open_channel(vhost)
-    channel.queue_delete(queue)
-    channel.queue_declare(
-        queue,
-        durable=True,
-        arguments={"x-dead-letter-exchange": "recovery.dlx", "x-message-ttl": 0},
-    )
-    for i in range(n):
-        channel.basic_publish("", queue, BODY, pika.BasicProperties(message_id=f"{queue}-{i}"))
-    channel.connection.close()
-
-
 def test_zero_means_one_per_core_and_a_number_is_that_number():
     assert collector_process_count(3) == 3
     assert collector_process_count(0) == len(os.sched_getaffinity(0))
@@ -75,7 +61,7 @@ def test_extra_processes_consume_and_store_beside_the_worker(worker_process, wir
     worker = worker_process(COLLECTOR_PROCESSES="3").start()
     wait_for(lambda: len(children(worker.process.pid)) == 2, timeout=30, message="2 children")
     wait_for(lambda: consumers(wired) == 3, timeout=60, message="3 consumers on the DLQ")
-    dead_letter(wired, "procs.app", N)
+    fill(wired, "procs.app", N, wait=False)
     wait_for(lambda: stored_count("procs.app") == N, timeout=120, message=f"{N} stored")
     # Every process heartbeats its own rows, so /healthz sees three collectors per source.
     pids = {worker.process.pid, *children(worker.process.pid)}
@@ -109,7 +95,7 @@ def test_a_dead_collector_process_is_started_again(worker_process, wired):
     )
     assert len(again) == 1
     wait_for(lambda: consumers(wired) == 2, timeout=60, message="2 consumers again")
-    dead_letter(wired, "procs.again", 500)
+    fill(wired, "procs.again", 500, wait=False)
     wait_for(lambda: stored_count("procs.again") == 500, timeout=60, message="500 stored")
 
 

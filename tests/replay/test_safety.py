@@ -82,9 +82,7 @@ def test_the_circuit_breaker_pauses_a_job_whose_messages_die_again(
     consumers("safe.breaker", reject=True)
     # 50 msgs/s leaves the job ~7 s after a resume: time for the rejected replays to come back
     # through DLX + collector on a loaded machine before the job could send everything.
-    job = create_job(
-        operator, filters={"queue": "safe.breaker"}, rate=50, breaker_threshold_pct=50
-    )
+    job = create_job(operator, filters={"queue": "safe.breaker"}, rate=50, breaker_threshold_pct=50)
 
     assert run(job) == "paused"
 
