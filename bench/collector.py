@@ -361,10 +361,10 @@ def main():
             print(f"  fill {fill(vhost, n):9.0f} msg/s")
             rate, samples, _cpu = drain(vhost, n, args, sample_rss=True)
             print(f"  drained at {rate:.0f} msg/s with {_cpu['processes']} collector process(es)")
-            for label, index in (("biggest process", 1), ("all processes", 2)):
+            for label, index in (("the biggest process", 1), ("all processes", 2)):
                 rss = [sample[index] for sample in samples if sample[0]]  # from the first row on
                 print(
-                    f"  RSS of the {label}: first {rss[0]:.1f} MB, "
+                    f"  RSS of {label}: first {rss[0]:.1f} MB, "
                     f"median {sorted(rss)[len(rss) // 2]:.1f} MB, last {rss[-1]:.1f} MB, "
                     f"peak {max(rss):.1f} MB (target: flat, < 250 MB)"
                 )
