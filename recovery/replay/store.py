@@ -15,6 +15,11 @@ Concurrency rules, the reason this module exists:
   other's committed work, and no message is ever claimed by two replays at once.
 * A job's messages keep their status while it runs (only the outcome changes it): a status
   update rewrites every index of ``recovery_message``, so the hot path writes each message once.
+
+What PostgreSQL spends per replayed message is most of a bulk replay's cost, so the writes are
+kept lean: an item's updates touch no index (HOT, see ReplayJobItem), the attempt and activity
+rows are COPYed and carry no database foreign keys to check row by row, and the message row is
+locked once (claim) and updated once (outcome).
 """
 
 import json
@@ -254,10 +259,10 @@ class JobStore:
         """Claim up to ``limit`` pending items; (claimed list, skipped count, any_left).
 
         Items are claimed in id order from ``self.cursor`` on, not from the job's first pending
-        item: the index on (job, state, id) keeps an entry for every item already claimed until
-        VACUUM, so starting over each time re-walks them all (quadratic in the job's size: 25 us
-        per message at 100k). ``any_left`` is False once nothing pending lies above the cursor;
-        items given back below it (``release``) are found after ``rewind``.
+        item: the index on (job, id) holds every item of the job, done or not, so starting over
+        each time would re-walk all that were sent (quadratic in the job's size). ``any_left``
+        is False once nothing pending lies above the cursor; items given back below it
+        (``release``) are found after ``rewind``.
         """
         pg = self.connect()
         with pg.transaction():
