@@ -144,9 +144,11 @@ def test_item_claims_and_outcomes_are_hot_updates(wired, operator):
     store.close()
     claims = [a - b for a, b in zip(after_claims, before, strict=True)]
     outcomes = [a - b for a, b in zip(after_outcomes, after_claims, strict=True)]
-    # Before migration 0012 none was (``state`` was indexed).
-    assert claims[0] == outcomes[0] == 200
-    assert claims[1] >= 180 and outcomes[1] >= 180, (claims, outcomes)
+    # Before migration 0012 none was (``state`` was indexed). Every claim finds room on its
+    # page; an outcome does too once the page's pending versions are pruned, which waits for
+    # the oldest snapshot of the database (other tests' connections may hold it back).
+    assert claims == [200, 200]
+    assert outcomes[0] == 200 and outcomes[1] >= 100, outcomes
 
 
 def test_log_rows_follow_deletes_made_through_django(wired, operator):
