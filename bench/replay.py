@@ -152,7 +152,12 @@ def run_baseline(n, management):
     try:
         spec = importlib.util.spec_from_file_location("broker_baseline", BASELINE)
         baseline = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(baseline)
+        # It reads sys.argv[1] as its own N when imported: give it ours, not our options.
+        argv, sys.argv = sys.argv, [str(BASELINE), str(n)]
+        try:
+            spec.loader.exec_module(baseline)
+        finally:
+            sys.argv = argv
         rate, _queue = baseline.async_confirm(n)
         return rate
     finally:

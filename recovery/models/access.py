@@ -46,8 +46,15 @@ def set_role(user, role):
 class Activity(models.Model):
     """Who did what: every replay, edit, discard, job and role change."""
 
+    # No database foreign keys (db_constraint=False): a bulk replay logs a row per message, and
+    # PostgreSQL would check each reference of each row with a locking query of its own (see
+    # recovery.models.replay.LOG_REFERENCE). Django still applies on_delete.
     user = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        db_constraint=False,
     )
     action = models.CharField(max_length=32)
     message = models.ForeignKey(
@@ -56,8 +63,15 @@ class Activity(models.Model):
         blank=True,
         on_delete=models.SET_NULL,
         related_name="activity",
+        db_constraint=False,
     )
-    job = models.ForeignKey("recovery.ReplayJob", null=True, blank=True, on_delete=models.SET_NULL)
+    job = models.ForeignKey(
+        "recovery.ReplayJob",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        db_constraint=False,
+    )
     detail = models.JSONField(default=dict, blank=True)
     via = models.CharField(max_length=8, default="console")  # console | api | system
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
