@@ -39,9 +39,12 @@ OUTPUTS = ("windows", "totals", "lost", "duplicates", "orphans", "input_gaps", "
 
 
 def read_store(spark: SparkSession, store_path: str | None) -> DataFrame:
-    """The store export (``STORE_EXPORT_SCHEMA``); no path means an empty store."""
+    """The store export (``STORE_EXPORT_SCHEMA``); no path means an empty store, as an empty
+    local relation: the optimizer then drops the store's aggregate and join (and their stage)."""
     if not store_path:
-        return spark.createDataFrame([], STORE_EXPORT_SCHEMA)
+        return log_facts.local_frame(
+            spark, [], [(f.name, f.dataType.simpleString()) for f in STORE_EXPORT_SCHEMA.fields]
+        )
     return spark.read.schema(STORE_EXPORT_SCHEMA).parquet(store_path)
 
 
@@ -145,8 +148,10 @@ def audit_frames(
             ("hour_ms", "bigint"),
         ],
     )
+    partitions = transforms.main_pass_partitions(spark.conf, facts.lines)
     producers = transforms.by_message(
-        transforms.keyed_producer_lines(transforms.valid_lines(producer_raw), day_start_ms)
+        transforms.keyed_producer_lines(transforms.valid_lines(producer_raw), day_start_ms),
+        partitions,
     )
     consumers = transforms.by_message(
         transforms.grouped_consumer_lines(
@@ -156,7 +161,8 @@ def audit_frames(
                 [(g, i) for i, g in enumerate(facts.bound_groups)],
                 [("consumer_group", "string"), ("bit", "int")],
             ),
-        )
+        ),
+        partitions,
     )
     messages = transforms.with_expected(
         transforms.per_message(producers, consumers, facts.words), keys, facts.words
