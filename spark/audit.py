@@ -148,10 +148,8 @@ def audit_frames(
             ("hour_ms", "bigint"),
         ],
     )
-    partitions = transforms.main_pass_partitions(spark.conf, facts.lines)
     producers = transforms.by_message(
-        transforms.keyed_producer_lines(transforms.valid_lines(producer_raw), day_start_ms),
-        partitions,
+        transforms.keyed_producer_lines(transforms.valid_lines(producer_raw), day_start_ms)
     )
     consumers = transforms.by_message(
         transforms.grouped_consumer_lines(
@@ -161,8 +159,7 @@ def audit_frames(
                 [(g, i) for i, g in enumerate(facts.bound_groups)],
                 [("consumer_group", "string"), ("bit", "int")],
             ),
-        ),
-        partitions,
+        )
     )
     messages = transforms.with_expected(
         transforms.per_message(producers, consumers, facts.words), keys, facts.words

@@ -144,7 +144,6 @@ class LogFacts:
     malformed: list[tuple]  # (window_ms, lines) of the audited day
     queue_groups: list[tuple]  # (queue, consumer_group) from the consumer logs and the bindings
     groups: list[str]  # every group of the consumer logs or the bindings
-    lines: int = 0  # valid lines of both logs
 
     @classmethod
     def from_summary(
@@ -207,7 +206,6 @@ class LogFacts:
             groups=sorted(
                 {r.consumer_group for r in summary if r.source == "consumer"} - {None} | set(bound)
             ),
-            lines=sum(r.lines for r in valid),
         )
 
     def key_columns(self) -> list[tuple[str, str]]:

@@ -89,9 +89,6 @@ LINE_STATES = {"ack": 3, "returned": 2, "nack": 1}
 ATTEMPT_BITS = 33
 ATTEMPT_ORDER_SPAN_MS = 1 << 29
 LAST = (1 << 63) - 1
-# Log lines per partition of the main pass (``main_pass_partitions``): its hash maps then hold
-# some 100k messages each.
-LINES_PER_PARTITION = 200_000
 
 STORE_ROW_TYPE = T.StructType(
     [
@@ -128,20 +125,14 @@ def hour_of(ts: Column) -> Column:
     return ts - F.pmod(ts, F.lit(HOUR_MS))
 
 
-def main_pass_partitions(spark_conf, lines: int) -> int:
-    """How many partitions the shuffle by message_id gets: ``spark.sql.shuffle.partitions``, or
-    one per ``LINES_PER_PARTITION`` log lines when that is more.
+def by_message(lines: DataFrame) -> DataFrame:
+    """The shuffle: everything about one message_id in one partition.
 
-    The main pass is hash maps keyed by message_id (two aggregates, a join's build side), and
-    its time goes to random reads of them: a partition's maps should stay near the size of a
-    CPU cache, not grow with the day. The number is fixed, so adaptive execution does not
-    coalesce the partitions again (coalesced, a 2M-line day ran as 3 tasks on 2 cores)."""
-    configured = int(spark_conf.get("spark.sql.shuffle.partitions"))
-    return max(configured, -(-lines // LINES_PER_PARTITION))
-
-
-def by_message(lines: DataFrame, partitions: int) -> DataFrame:
-    """The shuffle: everything about one message_id in one of ``partitions``."""
+    Exactly ``spark.sql.shuffle.partitions`` of them, which adaptive execution leaves alone:
+    coalesced, a 2M-message day's main pass ran as 3 tasks on 2 cores, the last one alone.
+    (More partitions than that cost more than they save: each one's partial rollup repeats
+    the rollup's keys, and smaller hash maps did not make up for it at 10M.)"""
+    partitions = int(lines.sparkSession.conf.get("spark.sql.shuffle.partitions"))
     return lines.repartition(partitions, "message_id")
 
 
