@@ -6,7 +6,8 @@ the audit's shuffle partitions (settings.SPARK_SHUFFLE_PARTITIONS, 8) for both c
 baseline query at N, the full audit (run_audit + write_outputs) at N, the baseline again (the
 machine is shared: the ratio uses the mean of the two baselines and both are printed), and the
 full audit at the small N. Prints audit/baseline (target <= 1.5), seconds per record at the small
-N vs N (target growth <= 1.3x) and the driver's peak memory. Prints, never asserts.
+N vs N (target growth <= 1.3x), the Spark JVM's CPU per message of both contenders (steadier than
+wall time on a shared machine) and the driver's peak memory. Prints, never asserts.
 
 Usage: python bench/audit.py [N=10000000] [--small 1000000] [--dir /tmp/lazarus-bench-audit]
 """
@@ -25,6 +26,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench._cpu import cpu_seconds  # noqa: E402
 
 DAY = "2026-09-21"
 T0 = 1_789_948_800_000  # 2026-09-21T00:00:00Z
@@ -109,16 +112,22 @@ def jobs_since(spark, group: str) -> int:
     return len(spark.sparkContext.statusTracker().getJobIdsForGroup(group))
 
 
-def bare_query(spark, directory: str) -> tuple[float, tuple]:
-    t = time.perf_counter()
+def jvm_cpu_seconds(spark) -> float:
+    """User + system CPU of the Spark JVM (driver and executors on local[*]): what a run costs,
+    steadier than its wall time on a shared machine."""
+    return cpu_seconds(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
+
+
+def bare_query(spark, directory: str) -> tuple[float, tuple, float]:
+    cpu, t = jvm_cpu_seconds(spark), time.perf_counter()
     spark.read.parquet(f"{directory}/producer").createOrReplaceTempView("producer")
     spark.read.parquet(f"{directory}/consumer").createOrReplaceTempView("consumer")
     rows = spark.sql(BASELINE_SQL).collect()
     seconds = time.perf_counter() - t
-    return seconds, tuple(sum(r[i] for r in rows) for i in (1, 2, 3))
+    return seconds, tuple(sum(r[i] for r in rows) for i in (1, 2, 3)), jvm_cpu_seconds(spark) - cpu
 
 
-def full_audit(spark, directory: str) -> tuple[float, dict, int]:
+def full_audit(spark, directory: str) -> tuple[float, dict, int, float]:
     from spark.audit import run_audit, write_outputs
 
     bindings = [
@@ -128,7 +137,7 @@ def full_audit(spark, directory: str) -> tuple[float, dict, int]:
     out = tempfile.mkdtemp(prefix="lazarus-audit-out-")
     group = f"audit-{directory}-{time.monotonic()}"
     spark.sparkContext.setJobGroup(group, "bench audit")
-    t = time.perf_counter()
+    cpu, t = jvm_cpu_seconds(spark), time.perf_counter()
     outputs = run_audit(
         spark,
         DAY,
@@ -140,11 +149,11 @@ def full_audit(spark, directory: str) -> tuple[float, dict, int]:
         now="2026-09-25T00:00:00Z",
     )
     totals = write_outputs(outputs, out)
-    seconds = time.perf_counter() - t
+    seconds, cpu = time.perf_counter() - t, jvm_cpu_seconds(spark) - cpu
     spark.catalog.clearCache()
     spark.sparkContext.setJobGroup("bench", "bench")
     shutil.rmtree(out)
-    return seconds, totals, jobs_since(spark, group)
+    return seconds, totals, jobs_since(spark, group), cpu
 
 
 def jvm_peak_mb(spark) -> float:
@@ -184,17 +193,20 @@ def main() -> None:
     bare_query(spark, f"{root}/{small_n}")  # warm the JVM for both contenders
     full_audit(spark, f"{root}/{small_n}")
 
-    base_s, base_totals = bare_query(spark, f"{root}/{n}")
-    print(f"baseline  N={n:>11,}  {base_s:7.2f} s  (published, lost, dups) {base_totals}")
-    audit_s, totals, jobs = full_audit(spark, f"{root}/{n}")
+    base_s, base_totals, base_cpu = bare_query(spark, f"{root}/{n}")
     print(
-        f"audit     N={n:>11,}  {audit_s:7.2f} s  lost {totals['lost']} (truth {truth['lost']}) "
-        f"dup_deliveries {totals['dup_deliveries']} (truth {truth['dup_deliveries']}), "
-        f"{jobs} Spark jobs"
+        f"baseline  N={n:>11,}  {base_s:7.2f} s  JVM CPU {base_cpu:6.1f} s  "
+        f"(published, lost, dups) {base_totals}"
     )
-    again_s, _ = bare_query(spark, f"{root}/{n}")
-    print(f"baseline  N={n:>11,}  {again_s:7.2f} s  (again, after the audit)")
-    small_s, small_totals, _ = full_audit(spark, f"{root}/{small_n}")
+    audit_s, totals, jobs, audit_cpu = full_audit(spark, f"{root}/{n}")
+    print(
+        f"audit     N={n:>11,}  {audit_s:7.2f} s  JVM CPU {audit_cpu:6.1f} s  "
+        f"lost {totals['lost']} (truth {truth['lost']}) dup_deliveries {totals['dup_deliveries']} "
+        f"(truth {truth['dup_deliveries']}), {jobs} Spark jobs"
+    )
+    again_s, _, again_cpu = bare_query(spark, f"{root}/{n}")
+    print(f"baseline  N={n:>11,}  {again_s:7.2f} s  JVM CPU {again_cpu:6.1f} s  (again)")
+    small_s, small_totals, _, _ = full_audit(spark, f"{root}/{small_n}")
     print(
         f"audit     N={small_n:>11,}  {small_s:7.2f} s  lost {small_totals['lost']} "
         f"(truth {small_truth['lost']})"
@@ -204,6 +216,11 @@ def main() -> None:
     print(
         f"audit / baseline                 {audit_s / baseline:.2f}x  (target <= 1.5; "
         f"{audit_s / base_s:.2f}x / {audit_s / again_s:.2f}x against each baseline)"
+    )
+    base_cpu_mean = (base_cpu + again_cpu) / 2
+    print(
+        f"JVM CPU per message: audit {audit_cpu / n * 1e6:.2f} us, baseline "
+        f"{base_cpu_mean / n * 1e6:.2f} us: {audit_cpu / base_cpu_mean:.2f}x (steadier under load)"
     )
     per_small, per_n = small_s / small_n, audit_s / n
     print(

@@ -39,9 +39,12 @@ OUTPUTS = ("windows", "totals", "lost", "duplicates", "orphans", "input_gaps", "
 
 
 def read_store(spark: SparkSession, store_path: str | None) -> DataFrame:
-    """The store export (``STORE_EXPORT_SCHEMA``); no path means an empty store."""
+    """The store export (``STORE_EXPORT_SCHEMA``); no path means an empty store, as an empty
+    local relation: the optimizer then drops the store's aggregate and join (and their stage)."""
     if not store_path:
-        return spark.createDataFrame([], STORE_EXPORT_SCHEMA)
+        return log_facts.local_frame(
+            spark, [], [(f.name, f.dataType.simpleString()) for f in STORE_EXPORT_SCHEMA.fields]
+        )
     return spark.read.schema(STORE_EXPORT_SCHEMA).parquet(store_path)
 
 

@@ -166,7 +166,8 @@ def read_logs(
         return spark.createDataFrame([], T.StructType([*schema.fields, *LOG_PROVENANCE.fields]))
     parquet = [f.path for f in files if f.path.endswith(".parquet")]
     json_lines = [f.path for f in files if not f.path.endswith(".parquet")]
-    partition_fields = [T.StructField("dt", T.StringType()), T.StructField("hour", T.IntegerType())]
+    # ``dt`` typed as a date: the reader parses it once per directory, not once per line.
+    partition_fields = [T.StructField("dt", T.DateType()), T.StructField("hour", T.IntegerType())]
     frames = []
     if json_lines:
         json_schema = T.StructType(
@@ -196,7 +197,7 @@ def read_logs(
         unknown_version = unknown_version & (F.col("v") != version)
     return logs.select(
         *schema.fieldNames(),
-        (F.unix_date(F.to_date("dt")).cast("long") * 86_400_000 + F.col("hour") * HOUR_MS).alias(
+        (F.unix_date("dt").cast("long") * 86_400_000 + F.col("hour") * HOUR_MS).alias(
             "file_hour_ms"
         ),
         (F.col(CORRUPT_RECORD).isNotNull() | missing_required | unknown_version).alias("malformed"),
