@@ -6,10 +6,12 @@ threads (``recovery.collector_writer``), which commit them; only then is a batch
 multiple-ack, in order. Parsing the next batch overlaps with committing the previous ones. A crash
 anywhere before the ack means redelivery, and redelivery is harmless (unique fingerprint).
 
-It runs inside a Celery worker as a bootstep (``recovery.bootsteps.CollectorStep``): scale out by
-starting more workers; they compete for the same queues. Dedicated pika connections, rather than
-kombu consumers on the worker's own connection, keep the drain independent of task traffic and
-allow multiple-ack and pipelining, the biggest factors in drain speed (bench/collector.py).
+It runs inside a Celery worker as a bootstep (``recovery.bootsteps.CollectorStep``), which also
+starts one more collector process per further CPU core (``recovery.collector_processes``): scale
+out by starting more workers; they all compete for the same queues. Dedicated pika connections,
+rather than kombu consumers on the worker's own connection, keep the drain independent of task
+traffic and allow multiple-ack and pipelining, the biggest factors in drain speed
+(bench/collector.py).
 
 Memory is bounded by the prefetch window, which is sized in bytes as well as messages (``Window``):
 RabbitMQ pushes up to prefetch-count messages whatever their size, so a queue of 20 MB messages
