@@ -139,13 +139,13 @@ def x_death_summary(x_death):
     RabbitMQ keeps one entry per (queue, reason), most recent first; the message goes back to the
     queue of its most recent death. Anything malformed (a producer can forge x-death) is skipped.
     """
-    if type(x_death) is not list and not isinstance(x_death, list):
+    if not isinstance(x_death, list):
         return None
     latest = None
     count = 0
     first_at = last_at = None
     for entry in x_death:  # one loop: this runs for every dead letter collected
-        if type(entry) is not dict and not isinstance(entry, dict):
+        if not isinstance(entry, dict):
             continue
         if latest is None:
             latest = entry
@@ -167,7 +167,7 @@ def x_death_summary(x_death):
     if latest is None:
         return None
     routing_keys = latest.get("routing-keys") or []
-    if type(routing_keys) is not list and not isinstance(routing_keys, list):
+    if not isinstance(routing_keys, list):
         routing_keys = [routing_keys]
     return {
         "queue": _text(latest.get("queue")),
