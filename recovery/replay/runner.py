@@ -15,6 +15,10 @@ Never more than ``window`` messages are sent and not yet recorded: that is what 
 kill -9) can duplicate, because a new runner re-sends whatever was claimed and unrecorded. One
 more claim batch may wait, claimed but unsent, so the next claim's round trip to PostgreSQL
 overlaps with publishing; re-sending those after a crash sends them once.
+
+Claims run on a thread of their own (``Claims``, its own database connection): a claim of a few
+hundred rows takes milliseconds of PostgreSQL, and the loop goes on collecting outcomes and
+handing them to the recorders meanwhile instead of letting the window fill up behind it.
 """
 
 import logging
@@ -24,6 +28,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 
 import pika.exceptions
 import psycopg
@@ -86,6 +91,49 @@ class Pacer:
         return max(0.001, (1.0 - self.tokens) / self.rate)
 
 
+class Claims:
+    """Claims on a thread of their own, one at a time, with their own JobStore (connection).
+
+    ``start`` hands a claim to the thread; ``done`` says whether its answer is there; ``result``
+    returns it (or raises what the claim raised). The store's cursor (where the next claim
+    starts) lives here: ``rewind`` only while no claim runs.
+    """
+
+    def __init__(self, store, wakeup):
+        self.store, self.wakeup = store, wakeup
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"replay-claims:{store.job_id}")
+        self.future = None
+
+    @property
+    def running(self):
+        return self.future is not None
+
+    def start(self, limit, allowed_statuses, canary_only):
+        self.future = self.executor.submit(self._claim, limit, allowed_statuses, canary_only)
+
+    def _claim(self, *args):
+        try:
+            return self.store.claim(*args)
+        finally:
+            self.wakeup.set()
+
+    def done(self):
+        return self.future is not None and self.future.done()
+
+    def result(self):
+        """(claimed, skipped, any_left) of the claim that ran; waits for it."""
+        future, self.future = self.future, None
+        return future.result()
+
+    def rewind(self):
+        assert self.future is None, "rewind while a claim runs"
+        self.store.rewind()
+
+    def close(self):
+        self.executor.shutdown(wait=True)
+        self.store.close()
+
+
 def runner_name():
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
@@ -114,6 +162,7 @@ class JobRunner:
         self.broker_url = broker_url
         self.store = JobStore(job_id, self.runner_id, conninfo)
         self.wakeup = threading.Event()
+        self.claims = None
         self.publishers = {}
         self.declared_delays = set()
         self.job = None
@@ -159,6 +208,8 @@ class JobRunner:
                 publisher.close()
             if self.recorder is not None:
                 self.recorder.stop()
+            if self.claims is not None:
+                self.claims.close()
             self.store.close()
 
     def _acquire(self, wait):
@@ -206,11 +257,15 @@ class JobRunner:
         self.recorder = Recorders(
             [
                 Recorder(
-                    JobStore(job.pk, self.runner_id, self.store.conninfo), self.user_id, job.via
+                    JobStore(job.pk, self.runner_id, self.store.conninfo),
+                    self.user_id,
+                    job.via,
+                    self.wakeup,
                 )
                 for _ in range(RECORDERS)
             ]
         )
+        self.claims = Claims(JobStore(job.pk, self.runner_id, self.store.conninfo), self.wakeup)
         self.breaker_pct = job.breaker_threshold_pct or 0
         self.canary = job.canary_size > 0 and job.canary_passed_at is None
 
@@ -233,8 +288,10 @@ class JobRunner:
                 if verdict is not None:
                     return self._stop(verdict)
                 next_control = now + CONTROL_S
+            if self.claims.done():
+                self._staged_claim(now)
             if self._may_claim(now):
-                self._claim(now)
+                self._claim()
             room = max(0, self.window - self.sent_unrecorded)
             for _ in range(self.pacer.allowance(now, min(len(self.buffer), room))):
                 vhost, entry = self.buffer.popleft()
@@ -243,7 +300,7 @@ class JobRunner:
             if self.results and (len(self.results) >= FLUSH_ROWS or now - last_flush >= FLUSH_S):
                 self._flush()
                 last_flush = now
-            if self.exhausted and not self.buffer and not self.pending:
+            if self.exhausted and not self.buffer and not self.pending and not self.claims.running:
                 ended = self._phase_end()
                 if ended is not None:
                     return ended
@@ -253,7 +310,7 @@ class JobRunner:
             elif self.buffer:
                 self.wakeup.wait(0.05)  # the window is full: for outcomes or the recorders
             elif not self._may_claim(now):
-                self.wakeup.wait(0.05)  # for outcomes, the recorders, or a stalled broker
+                self.wakeup.wait(0.05)  # for a claim, outcomes, the recorders, a stalled broker
 
     @property
     def unrecorded(self):
@@ -270,26 +327,35 @@ class JobRunner:
     def _may_claim(self, now):
         return (
             not self.exhausted
+            and not self.claims.running
             and not self.buffer
             and self.canary_until is None
             and self.unrecorded < self.window + self.claim_batch
             and now >= self.stalled_until
         )
 
-    def _claim(self, now):
+    def _claim(self):
+        """Start the next claim on the claims thread (its answer is staged by _staged_claim)."""
         limit = min(self.claim_batch, self.window + self.claim_batch - self.unrecorded)
-        claimed, _skipped, any_left = self.store.claim(
-            limit, self.job.allowed_statuses, canary_only=self.canary
-        )
+        self.claims.start(limit, self.job.allowed_statuses, self.canary)
+
+    def _staged_claim(self, now):
+        claimed, _skipped, any_left = self.claims.result()
         self.exhausted = not any_left
         try:
             self._stage(claimed)
         except (pika.exceptions.AMQPError, OSError) as exc:
             # No delay route without the broker: give the batch back and try again soon.
             self.store.release([c.item_id for c in claimed])
-            self.store.rewind()
+            self.claims.rewind()
             self.exhausted, self.stalled_until = False, now + 1.0
             self.stalled_reason = f"cannot declare the delay queue ({exc!r})"
+
+    def _settle_claim(self):
+        """Wait for a running claim and give its items back (the job is stopping)."""
+        if self.claims is not None and self.claims.running:
+            claimed, _skipped, _any_left = self.claims.result()
+            self.store.release([c.item_id for c in claimed])
 
     def _collect(self):
         pending, results = self.pending, self.results
@@ -308,7 +374,7 @@ class JobRunner:
             left = self.store.reconcile()
             if not (left.get("pending") or left.get("claimed")):
                 return self._finish(left)
-            self.store.rewind()  # what is left lies below the cursor
+            self.claims.rewind()  # what is left lies below the cursor
             self.exhausted = False
             return None
         if self.canary_until is None:
@@ -321,7 +387,7 @@ class JobRunner:
         if verdict is not None:
             return self._stop(verdict)
         self.canary, self.exhausted, self.canary_until = False, False, None
-        self.store.rewind()  # the rest of the job, from its first item
+        self.claims.rewind()  # the rest of the job, from its first item
         return None
 
     def _stage(self, claimed):
@@ -438,6 +504,7 @@ class JobRunner:
     def _stop(self, verdict):
         """Stop sending, settle what is in flight, then leave the job as the verdict says."""
         kind, reason = verdict
+        self._settle_claim()
         for publisher in self.publishers.values():
             publisher.withdraw()
         release = [entry.key for _vhost, entry in self.buffer]
@@ -492,6 +559,11 @@ class JobRunner:
             for publisher in self.publishers.values():
                 publisher.withdraw()
             held = list(getattr(self, "pending", {}))
+            if self.claims is not None and self.claims.running:
+                try:
+                    held.extend(c.item_id for c in self.claims.result()[0])
+                except Exception:
+                    log.warning("replay job %s: the last claim failed too", self.job_id)
             self.store.release(held, "the job failed before this message was confirmed")
             reason = f"failed: {type(exc).__name__}: {exc}"[:2000]
             if self.store.end(ReplayJob.State.FAILED, reason) == ReplayJob.State.FAILED:
