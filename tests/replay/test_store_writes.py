@@ -152,7 +152,8 @@ def test_item_claims_and_outcomes_are_hot_updates(wired, operator):
 
 
 def test_log_rows_follow_deletes_made_through_django(wired, operator):
-    """The log tables have no database foreign keys; Django applies their on_delete."""
+    """The log tables and the items have no database foreign keys; Django applies their
+    on_delete."""
     job, store, messages = populated("store.logs", 2, operator)
     claimed, _skipped, _left = store.claim(10, ["pending"])
     rows = [(c.item_id, c.message_id, "confirmed", "", "", "store.logs") for c in claimed]
@@ -161,16 +162,33 @@ def test_log_rows_follow_deletes_made_through_django(wired, operator):
     with psycopg.connect(database_conninfo()) as pg:
         checked = pg.execute(
             "SELECT count(*) FROM pg_constraint WHERE contype = 'f' AND conrelid IN "
-            "('recovery_replayattempt'::regclass, 'recovery_activity'::regclass)"
+            "('recovery_replayattempt'::regclass, 'recovery_activity'::regclass, "
+            "'recovery_replayjobitem'::regclass)"
         ).fetchone()[0]
     assert checked == 0
 
     gone = messages[0]
-    ReplayJobItem.objects.filter(message=gone).delete()
     Message.objects.filter(pk=gone.pk).delete()
+    assert not ReplayJobItem.objects.filter(message_id=gone.pk).exists()  # CASCADE
     assert not ReplayAttempt.objects.filter(message_id=gone.pk).exists()  # CASCADE
     assert Activity.objects.filter(action="replay", message__isnull=True, job=job).count() == 1
 
     ReplayJob.objects.filter(pk=job.pk).delete()
     assert ReplayAttempt.objects.filter(message=messages[1], job__isnull=True).count() == 1
     assert Activity.objects.filter(action="replay", job__isnull=True).count() == 2
+    assert not ReplayJobItem.objects.filter(job_id=job.pk).exists()  # CASCADE
+
+
+def test_a_message_deleted_behind_djangos_back_is_skipped(wired, operator):
+    """Without a foreign key a raw SQL delete leaves the message's items behind: the claim
+    skips them and says why, and claims the rest."""
+    job, store, messages = populated("store.raw_delete", 3, operator)
+    with psycopg.connect(database_conninfo(), autocommit=True) as pg:
+        pg.execute("DELETE FROM recovery_message WHERE id = %s", (messages[1].pk,))
+    claimed, skipped, any_left = store.claim(10, ["pending"])
+    store.close()
+    assert skipped == 1 and any_left
+    assert sorted(c.message_id for c in claimed) == [messages[0].pk, messages[2].pk]
+    item = ReplayJobItem.objects.get(job=job, message_id=messages[1].pk)
+    assert (item.state, item.detail) == ("skipped", "skipped: the message no longer exists")
+    assert ReplayJob.objects.get(pk=job.pk).skipped == 1
