@@ -71,8 +71,14 @@ class Message(models.Model):
     status_reason = models.TextField(blank=True, default="")
     replay_count = models.IntegerField(default=0)
     # A replayed message that died again points at the record it was replayed from.
+    # Indexed only where set (msg_origin): most messages never came back from a replay.
     origin = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="returns"
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="returns",
+        db_index=False,
     )
     collected_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
@@ -95,7 +101,17 @@ class Message(models.Model):
             models.Index(fields=["reason", "-collected_at", "-id"], name="msg_reason_newest"),
             models.Index(fields=["source_exchange", "-collected_at"], name="msg_exchange_newest"),
             models.Index(fields=["message_id"], name="msg_message_id"),
-            models.Index(fields=["correlation_id"], name="msg_correlation_id"),
+            # Partial: a search never asks for an empty correlation id (recovery.filters), and
+            # rows without one (most events) then cost no entry, on insert or on a replay's
+            # update. Likewise the origin, set only on a message that died again after a replay.
+            models.Index(
+                fields=["correlation_id"],
+                name="msg_correlation_id",
+                condition=~models.Q(correlation_id=""),
+            ),
+            models.Index(
+                fields=["origin"], name="msg_origin", condition=models.Q(origin__isnull=False)
+            ),
             # Failure-group pages: first/last seen and the newest messages of one group.
             models.Index(fields=["group_key", "-collected_at", "-id"], name="msg_group_newest"),
             # Free-text search has its own table (MessageSearch), so no trigram index here.
