@@ -374,6 +374,13 @@ class JobRunner:
             left = self.store.reconcile()
             if not (left.get("pending") or left.get("claimed")):
                 return self._finish(left)
+            if left.get("claimed"):
+                # Nothing of ours is in flight now, so these were claimed by a runner that had
+                # lost the lease (a long pause) after this one took over: they go again.
+                reclaimed = self.store.reclaim()
+                log.warning(
+                    "replay job %s: %s items a deposed runner claimed", self.job_id, reclaimed
+                )
             self.claims.rewind()  # what is left lies below the cursor
             self.exhausted = False
             return None

@@ -2,8 +2,10 @@
 
 import threading
 from collections import Counter
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from recovery.jobs import create_job, resume_stalled_jobs, selection_sql
 from recovery.models import Activity, Message, ReplayJob, ReplayJobItem, Status
@@ -220,3 +222,45 @@ def test_concurrent_claimers_never_claim_the_same_item(wired, operator):
     owners = dict(ReplayJobItem.objects.filter(job=job).values_list("id", "claimed_by"))
     for name, items in claimed.items():
         assert {owners[item] for item in items} == {name}
+
+
+def test_items_a_deposed_runner_claims_after_the_takeover_are_sent(
+    wired, amqp, operator, monkeypatch
+):
+    """A runner that lost its lease (a long pause) may still finish a claim after the new runner
+    put back what was claimed when it took over; the new runner must not wait on those forever."""
+    declare_app_queue(amqp, "safe.deposed")
+    dead_letters("safe.deposed", 40)
+    job = create_job(operator, filters={"queue": "safe.deposed"})
+    old = JobStore(job.pk, "runner-old")
+    assert old.acquire(str(job.token), 30)
+    job.refresh_from_db()
+    assert old.populate(*selection_sql(job), 0) == 40
+    rows, _skipped, _left = old.claim(5, ["pending"])
+    assert len(rows) == 5
+    ReplayJob.objects.filter(pk=job.pk).update(heartbeat_at=timezone.now() - timedelta(hours=1))
+    old.close()
+    # As if the old runner's claim landed after the new runner's takeover: the new runner's
+    # start-up reclaim finds nothing.
+    monkeypatch.setattr(JobStore, "reclaim", _reclaim_nothing_first(JobStore.reclaim))
+
+    outcome = {}
+    thread = run_in_thread(job, outcome)
+    thread.join(60)
+    if thread.is_alive():
+        ReplayJob.objects.filter(pk=job.pk).update(state=ReplayJob.State.CANCELLED)
+        thread.join(10)
+    assert outcome.get("r") == "done"
+    job.refresh_from_db()
+    assert (job.total, job.confirmed) == (40, 40)
+    assert len(drain("safe.deposed")) == 40
+
+
+def _reclaim_nothing_first(reclaim):
+    calls = []
+
+    def patched(self):
+        calls.append(1)
+        return 0 if len(calls) == 1 else reclaim(self)
+
+    return patched
