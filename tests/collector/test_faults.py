@@ -100,7 +100,8 @@ def assert_exactly_once_and_empty(worker, queue, n, vhost):
 
 def test_kill_9_at_random_points_loses_and_doubles_nothing(worker_process, wired):
     seed = int(os.environ.get("COLLECTOR_FAULT_SEED", time.time_ns() % 10_000))
-    points = sorted(random.Random(seed).uniform(0.1, 0.85) for _ in range(3))
+    rng = random.Random(seed)
+    points = sorted(rng.uniform(0.1, 0.85) for _ in range(3))
     print(f"kill -9 at {[round(p, 3) for p in points]} of {KILL_N} (COLLECTOR_FAULT_SEED={seed})")
     fill(wired, "fault.kill", KILL_N)
     worker = worker_process()
