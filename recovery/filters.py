@@ -4,11 +4,11 @@ import contextlib
 
 from django import forms
 from django.db import connection, transaction
-from django.db.models import Q, Sum
+from django.db.models import Q
 from django.db.models.expressions import RawSQL
 
 from recovery import search_index
-from recovery.models import Kind, Message, MessageCount, MessageStatus, Reason, Status
+from recovery.models import Kind, Message, Reason, Status
 
 
 def _choices(enum):
@@ -40,34 +40,13 @@ class MessageFilterForm(forms.Form):
         return apply_filters(queryset, self.cleaned_data)
 
 
-# A status held by at most this many messages is found through MessageStatus's index.
-RARE_STATUS = 5000
-
-
-def with_status(queryset, status):
-    """Messages of ``queryset`` in ``status``. No index of recovery_message covers status (see
-    MessageStatus), and the two ways to find them suit opposite cases, which PostgreSQL's
-    estimates do not tell apart: a common status is checked row by row on the newest messages
-    (51 of a page come after about 51 / its share of rows), a rare one starts from the ids
-    MessageStatus's index gives (each costs a lookup and the page sorts them all). The trigger-
-    kept counts (MessageCount) say which it is, in a few milliseconds."""
-    queryset = queryset.filter(status=status)
-    held = MessageCount.objects.filter(status=status).aggregate(n=Sum("n"))["n"] or 0
-    if held <= RARE_STATUS:
-        queryset = queryset.filter(
-            pk__in=MessageStatus.objects.filter(status=status).values("message_id")
-        )
-    return queryset
-
-
 def apply_filters(queryset, data):
-    if data.get("status"):
-        queryset = with_status(queryset, data["status"])
     lookups = {
         "kind": "kind",
         "queue": "source_queue",
         "exchange": "source_exchange",
         "reason": "reason",
+        "status": "status",
         "vhost": "vhost",
         "group": "group_key",
         "since": "collected_at__gte",

@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from recovery.models import Activity, Message, MessageStatus, ReplayJobItem, Status
+from recovery.models import Activity, Message, ReplayJobItem, Status
 
 log = logging.getLogger(__name__)
 
@@ -27,13 +27,9 @@ def apply_retention(days=None, now=None, batch=BATCH):
     """Delete what retention allows; returns {"messages": n, "job_items": n, "cutoff": time}."""
     days = settings.RETENTION_DAYS if days is None else days
     cutoff = (now or timezone.now()) - timedelta(days=days)
-    done = (Status.REPLAYED, Status.DISCARDED)
     expired = (
         Message.objects.filter(
-            status__in=done,
-            updated_at__lt=cutoff,
-            # Found through MessageStatus's index (no index of the messages covers status).
-            pk__in=MessageStatus.objects.filter(status__in=done).values("message_id"),
+            status__in=(Status.REPLAYED, Status.DISCARDED), updated_at__lt=cutoff
         )
         .exclude(job_items__state=ReplayJobItem.State.CLAIMED)
         .order_by()

@@ -13,7 +13,7 @@ from recovery.api.messages import FILTER_PARAMETERS, filtered_messages
 from recovery.api.pagination import StrictCursorPagination
 from recovery.api.params import MessageFilterParams, validated
 from recovery.collector_health import collector_health
-from recovery.filters import apply_filters, with_status
+from recovery.filters import apply_filters
 from recovery.models import Kind, Message, MessageCount, Status
 
 
@@ -178,7 +178,7 @@ def stats(request):
     filters = validated(MessageFilterParams, request.query_params)
     by_kind, by_status, by_queue = count_by(filters)
     oldest = (
-        apply_filters(with_status(Message.objects.all(), Status.PENDING), filters)
+        apply_filters(Message.objects.filter(status=Status.PENDING), filters)
         .order_by("collected_at")
         .values_list("collected_at", flat=True)
         .first()

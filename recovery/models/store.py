@@ -90,14 +90,13 @@ class Message(models.Model):
 
     class Meta:
         ordering = ["-collected_at", "-id"]
-        # Every index here is paid by each collected row: keep only what a page or query uses.
+        # Every index here is paid by each collected row and, since status is indexed, by each
+        # replay's status update (no HOT updates): keep only what a page or query uses.
         constraints = [models.UniqueConstraint(fields=["fingerprint"], name="msg_fingerprint")]
         indexes = [
             models.Index(fields=["-collected_at", "-id"], name="msg_newest"),
             models.Index(fields=["kind", "-collected_at", "-id"], name="msg_kind_newest"),
-            # No index covers status (MessageStatus holds it): a status update then writes no
-            # index entry at all, a heap-only (HOT) update in the room fillfactor 50 leaves
-            # (migration 0015).
+            models.Index(fields=["status", "-collected_at", "-id"], name="msg_status_newest"),
             models.Index(fields=["source_queue", "-collected_at", "-id"], name="msg_queue_newest"),
             models.Index(fields=["reason", "-collected_at", "-id"], name="msg_reason_newest"),
             models.Index(fields=["source_exchange", "-collected_at"], name="msg_exchange_newest"),
@@ -174,30 +173,6 @@ class MessageSearch(models.Model):
         indexes = [
             GinIndex(fields=["document"], opclasses=["gin_trgm_ops"], name="msgsearch_trgm"),
         ]
-
-
-class MessageStatus(models.Model):
-    """Each message's status again, indexed: the status index of recovery_message, moved here.
-
-    A replay, discard or restore changes a message's status. With an index on status, every such
-    update wrote a new entry into each of the message's ten indexes (no HOT update), which was
-    the biggest single cost of a bulk replay. Here the indexed copy is one narrow row; the
-    message row itself is updated heap-only (HOT) in the room its fillfactor leaves. Kept by
-    statement-level triggers on recovery_message (migration 0015), in the writer's transaction,
-    so it is never stale; recovery.filters reads it for a status filter.
-    """
-
-    message = models.OneToOneField(
-        Message,
-        primary_key=True,
-        on_delete=models.DO_NOTHING,  # the trigger deletes the row with its message
-        db_constraint=False,  # a foreign key would lock each message row on insert
-        related_name="+",
-    )
-    status = models.CharField(max_length=16)
-
-    class Meta:
-        indexes = [models.Index(fields=["status", "message"], name="msgstatus_status")]
 
 
 class CollectorHeartbeat(models.Model):

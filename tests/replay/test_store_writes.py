@@ -151,34 +151,6 @@ def test_item_claims_and_outcomes_are_hot_updates(wired, operator):
     assert outcomes[0] == 200 and outcomes[1] >= 100, outcomes
 
 
-def test_a_replays_status_update_of_the_message_is_hot(wired, operator):
-    """No index of recovery_message covers status (MessageStatus does, migration 0015), and
-    its pages keep room: the outcome's update of a message writes no index entry."""
-    job, store, _messages = populated("store.hot_messages", 100, operator)
-    pg = store.connect()
-
-    def updates():
-        return pg.execute(
-            "SELECT pg_stat_get_xact_tuples_updated('recovery_message'::regclass),"
-            " pg_stat_get_xact_tuples_hot_updated('recovery_message'::regclass)"
-        ).fetchone()
-
-    claimed, _skipped, _left = store.claim(100, ["pending"])
-    before = updates()
-    rows = [(c.item_id, c.message_id, "confirmed", "", "", "store.hot") for c in claimed]
-    store.record(rows, None, "system")
-    after = updates()
-    store.close()
-    updated, hot = (a - b for a, b in zip(after, before, strict=True))
-    # Before migration 0015 none was. Half of each page is free: every row's new version fits
-    # beside it, with no pruning needed (which would wait for other connections' snapshots).
-    assert (updated, hot) == (100, 100)
-    assert (
-        Message.objects.filter(status=Status.REPLAYED, source_queue="store.hot_messages").count()
-        == 100
-    )
-
-
 def test_log_rows_follow_deletes_made_through_django(wired, operator):
     """The log tables and the items have no database foreign keys; Django applies their
     on_delete."""
