@@ -11,6 +11,7 @@ import math
 import os
 import sys
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 
 if __package__ in (None, ""):  # run as a script by spark-submit: make `spark.*` importable
@@ -38,6 +39,9 @@ from spark.schema import (
 # Messages the exact path broadcasts to pick their lines out of the consumer logs; more are
 # joined by a shuffle.
 EXACT_BROADCAST_LIMIT = 1_000_000
+# Above this share of possibly several-group lines (``LogFacts.multi_group_lines``) among the
+# producer lines, the audit joins every message to its lines instead of folding them.
+FOLD_MAX_MULTI_GROUP_SHARE = 0.2
 OUTPUTS = ("windows", "totals", "lost", "duplicates", "orphans", "input_gaps", "manifest")
 
 
@@ -162,8 +166,13 @@ def audit_frames(
     producers = transforms.by_message(
         transforms.keyed_producer_lines(transforms.valid_lines(producer_raw), day_start_ms)
     )
+    # The fold settles the messages whose lines come from one group; when many messages may
+    # have lines from several (fanout bindings, unbound groups), every message takes the join.
+    fold = facts.multi_group_lines <= FOLD_MAX_MULTI_GROUP_SHARE * facts.producer_lines
     consumers = transforms.by_message(
-        transforms.message_lines(transforms.valid_lines(consumer_raw), bound)
+        (transforms.message_lines if fold else transforms.grouped_consumer_lines)(
+            transforms.valid_lines(consumer_raw), bound
+        )
     )
     messages = transforms.with_expected(
         transforms.per_message(producers, consumers, facts.words), keys, facts.words
@@ -192,35 +201,25 @@ def audit_frames(
             .drop("group_hash")
         )
 
-    # Computed here, eagerly, once. Kept in the rollup's partitions: the messages left for the
-    # exact path have a row each, and they could be many.
-    first_pass = rolled_up(
-        transforms.message_pairs(messages, day_start_ms, grace_ms, facts.bound_groups),
-        ("exact",),
-    ).localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
-    # One partition: the rollup is small, and a single partition satisfies every grouping and
-    # join of the outputs, so each output is one stage instead of a chain of shuffles.
-    rolled = first_pass.where("exact IS NULL").drop("exact").coalesce(1)
-    exact = first_pass.where("exact IS NOT NULL").select("exact.*")
-    exact_messages = exact.count()
-    if exact_messages:
-        # The exact path: the messages the first pass could not fold, with their lines.
-        ids = exact.select("message_id")
-        lines = transforms.grouped_consumer_lines(transforms.valid_lines(consumer_raw), bound)
-        lines = lines.join(
-            F.broadcast(ids) if exact_messages <= EXACT_BROADCAST_LIMIT else ids,
-            on="message_id",
-            how="left_semi",
+    if fold:
+        rolled = _folded_rollup(
+            messages, consumer_raw, bound, rolled_up, day_start_ms, grace_ms, facts.bound_groups
         )
+    else:
         pairs = transforms.pairs(
             transforms.pair_contributions(
-                exact, transforms.by_message(lines), day_start_ms, grace_ms, facts.bound_groups
+                messages.select(*transforms.exact_facts(messages)),
+                consumers,
+                day_start_ms,
+                grace_ms,
+                facts.bound_groups,
             )
         )
+        # One partition: the rollup is small, and a single partition satisfies every grouping
+        # and join of the outputs, so each output is one stage instead of a chain of shuffles.
+        # Computed here, eagerly, once.
         rolled = (
-            first_pass.where("exact IS NULL")
-            .drop("exact")
-            .unionByName(rolled_up(pairs))
+            rolled_up(pairs)
             .repartition(1)
             .localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
         )
@@ -258,6 +257,52 @@ def audit_frames(
         "orphans": metrics.orphan_evidence(rolled),
         "input_gaps": metrics.gap_evidence(gaps),
     }
+
+
+def _folded_rollup(
+    messages: DataFrame,
+    consumer_raw: DataFrame,
+    bound: DataFrame,
+    rolled_up: Callable[..., DataFrame],
+    day_start_ms: int,
+    grace_ms: int,
+    bound_groups: list[str],
+) -> DataFrame:
+    """The rollup of ``transforms.message_pairs``, plus that of the exact path's pairs for the
+    messages the fold left (their lines picked out of the consumer logs again), checkpointed."""
+    # Computed here, eagerly, once. Kept in the rollup's partitions: the messages left for the
+    # exact path have a row each, and they could be many.
+    first_pass = rolled_up(
+        transforms.message_pairs(messages, day_start_ms, grace_ms, bound_groups),
+        ("exact",),
+    ).localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
+    # One partition: the rollup is small, and a single partition satisfies every grouping and
+    # join of the outputs, so each output is one stage instead of a chain of shuffles.
+    rolled = first_pass.where("exact IS NULL").drop("exact").coalesce(1)
+    exact = first_pass.where("exact IS NOT NULL").select("exact.*")
+    exact_messages = exact.count()
+    if exact_messages:
+        # The exact path: the messages the first pass could not fold, with their lines.
+        ids = exact.select("message_id")
+        lines = transforms.grouped_consumer_lines(transforms.valid_lines(consumer_raw), bound)
+        lines = lines.join(
+            F.broadcast(ids) if exact_messages <= EXACT_BROADCAST_LIMIT else ids,
+            on="message_id",
+            how="left_semi",
+        )
+        pairs = transforms.pairs(
+            transforms.pair_contributions(
+                exact, transforms.by_message(lines), day_start_ms, grace_ms, bound_groups
+            )
+        )
+        rolled = (
+            first_pass.where("exact IS NULL")
+            .drop("exact")
+            .unionByName(rolled_up(pairs))
+            .repartition(1)
+            .localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
+        )
+    return rolled
 
 
 def manifest_frame(spark: SparkSession, producer_files, consumer_files) -> DataFrame:

@@ -197,7 +197,9 @@ def per_message(producers: DataFrame, consumers: DataFrame, words: int) -> DataF
     It also folds the consumer lines as if they were one pair's (``max_group_hash``, the group's
     ``bit``, ``redelivered``, first and last consuming ``ts``, first and last line ``ts``): exact
     for a message whose lines all come from one group, which ``message_pairs`` checks.
-    ``consumers``: ``message_lines``."""
+    ``consumers``: ``message_lines``, or ``grouped_consumer_lines`` when ``pair_contributions``
+    joins the same frame: its ``line`` is then referenced whole, so that both read one shuffle
+    (column pruning would make two different ones)."""
     none = {
         "ts": "long",
         "attempt_order": "long",
@@ -209,6 +211,18 @@ def per_message(producers: DataFrame, consumers: DataFrame, words: int) -> DataF
         "redelivered": "boolean",
         "consuming": "boolean",
     }
+    if "line" in consumers.columns:
+        consumers = consumers.select(
+            "*",
+            F.col("line.ts").alias("line_ts"),
+            F.col("line.redelivered").alias("redelivered"),
+            F.col("line.consuming").alias("consuming"),
+        )
+        none["line"] = consumers.schema["line"].dataType.simpleString()
+        # A whole-struct reference (count("line") would be simplified to count(1) and lost).
+        line_count = "count(CASE WHEN group_hash IS NOT NULL THEN line END) AS line_count"
+    else:
+        line_count = "count(group_hash) AS line_count"
 
     def aligned(frame: DataFrame) -> DataFrame:
         return frame.selectExpr(
@@ -228,7 +242,7 @@ def per_message(producers: DataFrame, consumers: DataFrame, words: int) -> DataF
             *_exprs(
                 "min(group_hash) AS min_group_hash",
                 "max(group_hash) AS max_group_hash",
-                "count(group_hash) AS line_count",
+                line_count,
                 "min(bit) AS bit",
                 "count_if(redelivered) AS redelivered",
                 "min(CASE WHEN consuming THEN line_ts END) AS first_consumed_ts",
@@ -395,6 +409,12 @@ def pair_contributions(
 
 
 # What pair_contributions needs of a message: the facts the exact path carries (``message_pairs``).
+def exact_facts(messages: DataFrame) -> list[str]:
+    """The columns of ``messages`` that ``pair_contributions`` reads."""
+    bits = [c for c in messages.columns if c.startswith(("seen_", "expected_"))]
+    return [*EXACT_FACTS, *bits]
+
+
 EXACT_FACTS = (
     "message_id",
     "first_ts",
@@ -490,9 +510,7 @@ def message_pairs(
         late_deliveries="0",
         lines="1",
     )
-    facts = [*EXACT_FACTS, *(f"seen_{w}" for w in range(words))]
-    facts += [f"expected_{w}" for w in range(words)]
-    exact = "named_struct(" + ", ".join(f"'{c}', {c}" for c in facts) + ")"
+    exact = "named_struct(" + ", ".join(f"'{c}', {c}" for c in exact_facts(messages)) + ")"
     pairs_sql = (
         f"CASE WHEN NOT ({folded}) THEN array({_pair()}) "
         f"WHEN line_count > 0 AND NOT ({bits.any_silent()}) THEN array({logged}) "
