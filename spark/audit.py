@@ -284,15 +284,18 @@ def _folded_rollup(
     if exact_messages:
         # The exact path: the messages the first pass could not fold, with their lines.
         ids = exact.select("message_id")
-        lines = transforms.grouped_consumer_lines(transforms.valid_lines(consumer_raw), bound)
-        lines = lines.join(
+        lines = transforms.valid_lines(consumer_raw).join(
             F.broadcast(ids) if exact_messages <= EXACT_BROADCAST_LIMIT else ids,
             on="message_id",
             how="left_semi",
         )
         pairs = transforms.pairs(
             transforms.pair_contributions(
-                exact, transforms.by_message(lines), day_start_ms, grace_ms, bound_groups
+                exact,
+                transforms.by_message(transforms.grouped_consumer_lines(lines, bound)),
+                day_start_ms,
+                grace_ms,
+                bound_groups,
             )
         )
         rolled = (
