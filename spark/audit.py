@@ -11,6 +11,7 @@ import math
 import os
 import sys
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 
 if __package__ in (None, ""):  # run as a script by spark-submit: make `spark.*` importable
@@ -35,6 +36,12 @@ from spark.schema import (
     read_logs,
 )
 
+# Messages the exact path broadcasts to pick their lines out of the consumer logs; more are
+# joined by a shuffle.
+EXACT_BROADCAST_LIMIT = 1_000_000
+# Above this share of possibly several-group lines (``LogFacts.multi_group_lines``) among the
+# producer lines, the audit joins every message to its lines instead of folding them.
+FOLD_MAX_MULTI_GROUP_SHARE = 0.2
 OUTPUTS = ("windows", "totals", "lost", "duplicates", "orphans", "input_gaps", "manifest")
 
 
@@ -125,8 +132,11 @@ def audit_frames(
     """The audit over parsed inputs (``read_logs`` frames, store export, bindings snapshot).
 
     One small job summarises both logs onto the driver (``spark/log_facts.py``); one job
-    shuffles the lines by message_id, builds the pairs and stores their ``metrics.rollup`` as a
-    local checkpoint, which every output reads. The checkpoint cuts the lineage: each output
+    shuffles the lines by message_id, folds them per message, builds the pairs of the messages
+    the fold settles and stores their ``metrics.rollup`` as a local checkpoint, with a row for
+    each message it does not settle; if there are any, a second job builds their pairs the exact
+    way (``transforms.pair_contributions``) and checkpoints both rollups together. Every output
+    reads that checkpoint. The checkpoint cuts the lineage: each output
     is planned over a one-node plan instead of the whole audit's (analysis, cache lookups and
     optimisation of that plan cost seconds per output). Its blocks go with the frames.
     """
@@ -148,26 +158,24 @@ def audit_frames(
             ("hour_ms", "bigint"),
         ],
     )
+    bound = log_facts.local_frame(
+        spark,
+        [(g, i) for i, g in enumerate(facts.bound_groups)],
+        [("consumer_group", "string"), ("bit", "int")],
+    )
     producers = transforms.by_message(
         transforms.keyed_producer_lines(transforms.valid_lines(producer_raw), day_start_ms)
     )
+    # The fold settles the messages whose lines come from one group; when many messages may
+    # have lines from several (fanout bindings, unbound groups), every message takes the join.
+    fold = facts.multi_group_lines <= FOLD_MAX_MULTI_GROUP_SHARE * facts.producer_lines
     consumers = transforms.by_message(
-        transforms.grouped_consumer_lines(
-            transforms.valid_lines(consumer_raw),
-            log_facts.local_frame(
-                spark,
-                [(g, i) for i, g in enumerate(facts.bound_groups)],
-                [("consumer_group", "string"), ("bit", "int")],
-            ),
+        (transforms.message_lines if fold else transforms.grouped_consumer_lines)(
+            transforms.valid_lines(consumer_raw), bound
         )
     )
     messages = transforms.with_expected(
         transforms.per_message(producers, consumers, facts.words), keys, facts.words
-    )
-    pairs = transforms.pairs(
-        transforms.pair_contributions(
-            messages, consumers, day_start_ms, grace_ms, facts.bound_groups
-        )
     )
     stored = transforms.store_rows(
         store,
@@ -175,28 +183,46 @@ def audit_frames(
             spark, facts.queue_groups, [("queue", "string"), ("consumer_group", "string")]
         ),
     )
-    classified = transforms.with_key_names(
-        transforms.classify_pairs(transforms.with_store(pairs, stored)), keys
-    )
     # The pairs carry a group's hash; the rolled rows get its name back.
     group_names = log_facts.local_frame(
         spark, [(g,) for g in facts.groups], [("consumer_group", "string")]
     ).select(log_facts.group_hash().alias("group_hash"), "consumer_group")
-    # One partition: the rollup is small, and a single partition satisfies every grouping and
-    # join of the outputs, so each output is one stage instead of a chain of shuffles.
-    # Computed here, eagerly, once.
-    rolled = (
-        transforms.mark_gaps(
-            metrics.rollup(classified, grace_ms, now_ms),
-            log_facts.local_frame(
-                spark, facts.gap_windows, [("window_ms", "bigint"), ("consumer_group", "string")]
-            ),
-        )
-        .join(F.broadcast(group_names), on="group_hash", how="left")
-        .drop("group_hash")
-        .repartition(1)
-        .localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
+    gap_windows = log_facts.local_frame(
+        spark, facts.gap_windows, [("window_ms", "bigint"), ("consumer_group", "string")]
     )
+
+    def rolled_up(pairs: DataFrame, carry: tuple[str, ...] = ()) -> DataFrame:
+        classified = transforms.with_key_names(
+            transforms.classify_pairs(transforms.with_store(pairs, stored), carry), keys
+        )
+        return (
+            transforms.mark_gaps(metrics.rollup(classified, grace_ms, now_ms, carry), gap_windows)
+            .join(F.broadcast(group_names), on="group_hash", how="left")
+            .drop("group_hash")
+        )
+
+    if fold:
+        rolled = _folded_rollup(
+            messages, consumer_raw, bound, rolled_up, day_start_ms, grace_ms, facts.bound_groups
+        )
+    else:
+        pairs = transforms.pairs(
+            transforms.pair_contributions(
+                messages.select(*transforms.exact_facts(messages)),
+                consumers,
+                day_start_ms,
+                grace_ms,
+                facts.bound_groups,
+            )
+        )
+        # One partition: the rollup is small, and a single partition satisfies every grouping
+        # and join of the outputs, so each output is one stage instead of a chain of shuffles.
+        # Computed here, eagerly, once.
+        rolled = (
+            rolled_up(pairs)
+            .repartition(1)
+            .localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
+        )
     by_key, overall = metrics.nearest_rank_quantiles(metrics.latency_histogram(rolled).toArrow())
     malformed_by_hour = defaultdict(int)
     for window_ms, lines in facts.malformed:
@@ -231,6 +257,55 @@ def audit_frames(
         "orphans": metrics.orphan_evidence(rolled),
         "input_gaps": metrics.gap_evidence(gaps),
     }
+
+
+def _folded_rollup(
+    messages: DataFrame,
+    consumer_raw: DataFrame,
+    bound: DataFrame,
+    rolled_up: Callable[..., DataFrame],
+    day_start_ms: int,
+    grace_ms: int,
+    bound_groups: list[str],
+) -> DataFrame:
+    """The rollup of ``transforms.message_pairs``, plus that of the exact path's pairs for the
+    messages the fold left (their lines picked out of the consumer logs again), checkpointed."""
+    # Computed here, eagerly, once. Kept in the rollup's partitions: the messages left for the
+    # exact path have a row each, and they could be many.
+    first_pass = rolled_up(
+        transforms.message_pairs(messages, day_start_ms, grace_ms, bound_groups),
+        ("exact",),
+    ).localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
+    # One partition: the rollup is small, and a single partition satisfies every grouping and
+    # join of the outputs, so each output is one stage instead of a chain of shuffles.
+    rolled = first_pass.where("exact IS NULL").drop("exact").coalesce(1)
+    exact = first_pass.where("exact IS NOT NULL").select("exact.*")
+    exact_messages = exact.count()
+    if exact_messages:
+        # The exact path: the messages the first pass could not fold, with their lines.
+        ids = exact.select("message_id")
+        lines = transforms.valid_lines(consumer_raw).join(
+            F.broadcast(ids) if exact_messages <= EXACT_BROADCAST_LIMIT else ids,
+            on="message_id",
+            how="left_semi",
+        )
+        pairs = transforms.pairs(
+            transforms.pair_contributions(
+                exact,
+                transforms.by_message(transforms.grouped_consumer_lines(lines, bound)),
+                day_start_ms,
+                grace_ms,
+                bound_groups,
+            )
+        )
+        rolled = (
+            first_pass.where("exact IS NULL")
+            .drop("exact")
+            .unionByName(rolled_up(pairs))
+            .repartition(1)
+            .localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
+        )
+    return rolled
 
 
 def manifest_frame(spark: SparkSession, producer_files, consumer_files) -> DataFrame:

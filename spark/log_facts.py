@@ -144,6 +144,10 @@ class LogFacts:
     malformed: list[tuple]  # (window_ms, lines) of the audited day
     queue_groups: list[tuple]  # (queue, consumer_group) from the consumer logs and the bindings
     groups: list[str]  # every group of the consumer logs or the bindings
+    # Valid producer lines, and those whose key is bound to several groups plus the consumer
+    # lines of groups no binding names: how many messages may have lines from several groups.
+    producer_lines: int = 0
+    multi_group_lines: int = 0
 
     @classmethod
     def from_summary(
@@ -176,6 +180,9 @@ class LogFacts:
                 mask[bit[group] // WORD_BITS] |= 1 << (bit[group] % WORD_BITS)
             keys.append((hashed, exchange, routing_key, *mask))
 
+        fanout = {k[0] for k in keys if sum(bin(word).count("1") for word in k[3:]) > 1}
+        multi_group_lines = sum(r.lines for r in producer if r.key_hash in fanout)
+        multi_group_lines += sum(r.lines for r in consumer if r.consumer_group not in bit)
         hours = {
             (r.source, r.process, r.consumer_group, r.file_hour_ms)
             for r in summary
@@ -206,6 +213,8 @@ class LogFacts:
             groups=sorted(
                 {r.consumer_group for r in summary if r.source == "consumer"} - {None} | set(bound)
             ),
+            producer_lines=sum(r.lines for r in producer),
+            multi_group_lines=multi_group_lines,
         )
 
     def key_columns(self) -> list[tuple[str, str]]:

@@ -97,11 +97,12 @@ def _final(grace_ms: int, now_ms: int) -> str:
     return f"(window_ms + {HOUR_MS + grace_ms} <= {now_ms})"
 
 
-def rollup(facts: DataFrame, grace_ms: int, now_ms: int) -> DataFrame:
+def rollup(facts: DataFrame, grace_ms: int, now_ms: int, carry: tuple[str, ...] = ()) -> DataFrame:
     """Classified pairs and orphan lines (``transforms.with_key_names``) -> additive counts per
     (window_ms, exchange, group_hash, primary, orphan, latency_ms, evidence). ``evidence`` is
     null except on the pairs and lines the evidence tables list, which keep a row each.
-    Input gaps depend on (window, group) only: ``transforms.mark_gaps`` marks the rolled rows."""
+    Input gaps depend on (window, group) only: ``transforms.mark_gaps`` marks the rolled rows.
+    The ``carry`` columns are grouping keys too."""
     listed_lost = f"(NOT orphan AND unaccounted AND {_final(grace_ms, now_ms)})"
     fields = [
         "message_id",
@@ -118,7 +119,7 @@ def rollup(facts: DataFrame, grace_ms: int, now_ms: int) -> DataFrame:
         + ", ".join(f"'{f}', {f}" for f in fields)
         + f", 'lost', {listed_lost}) END AS evidence"
     )
-    keys = ["window_ms", "exchange", "group_hash", "primary", "orphan", "latency_ms"]
+    keys = ["window_ms", "exchange", "group_hash", "primary", "orphan", "latency_ms", *carry]
     return facts.groupBy(*keys, F.expr(evidence)).agg(
         *_exprs(
             "count(1) AS pairs",

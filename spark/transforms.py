@@ -58,15 +58,18 @@ malformed    a line that does not parse against the schema, lacks a required fie
 """
 
 # How the job computes it (not part of the contract above). Producer and consumer lines are
-# shuffled once each, by message_id. One hash aggregate folds them into a row per message
-# (``per_message``: first attempt, state, which groups logged a line); a hash join hands each
-# consumer line its message's facts (``pair_contributions``, reading the same consumer shuffle);
-# a second hash aggregate sums the lines into pairs (``pairs``). Every aggregation buffer is
-# fixed-width so both aggregates run as generated code: a routing key travels as a 64-bit hash,
-# the set of bound groups that logged a line as a bitmask. A group travels as its 64-bit hash
-# through the shuffle, the pairs and the rollup; its name comes back on the rolled rows. The
-# logs' small facts (routing keys, hours, malformed lines, queues) come from
-# ``spark/log_facts.py``.
+# shuffled once each, by message_id, and folded by ONE hash aggregate into a row per message
+# (``per_message``: first attempt, state, which groups logged a line, and the lines' counts and
+# times as if they were one pair's). For a message whose lines come from one group and lie all
+# before or all after its deadline, that row IS its pairs (``message_pairs``): no join, no
+# second aggregate. The rest (orphan lines, lines of several groups, lines on both sides of the
+# deadline) take the exact path in a second job: their lines are picked out of the consumer
+# logs again, joined to their message's facts (``pair_contributions``) and summed into pairs
+# (``pairs``). Every aggregation buffer is fixed-width so the aggregates run as generated code:
+# a routing key travels as a 64-bit hash, the set of bound groups that logged a line as a
+# bitmask. A group travels as its 64-bit hash through the shuffle, the pairs and the rollup; its
+# name comes back on the rolled rows. The logs' small facts (routing keys, hours, malformed
+# lines, queues) come from ``spark/log_facts.py``.
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -157,13 +160,9 @@ def keyed_producer_lines(producer_lines: DataFrame, day_start_ms: int) -> DataFr
 
 
 def grouped_consumer_lines(consumer_lines: DataFrame, bound_groups: DataFrame) -> DataFrame:
-    """Valid consumer lines as the pair steps read them: the group's hash and bit, and ``line``.
-    The group travels as its hash only (``audit_frames`` puts the names back on the rollup).
-
-    ``per_message`` and ``pair_contributions`` read this frame's shuffle once between them only if
-    both keep every column of it (else column pruning makes two different shuffles): what only
-    the join needs travels in one struct that ``per_message`` references whole.
-    ``bound_groups``: (consumer_group, bit)."""
+    """Valid consumer lines as the exact path's ``pair_contributions`` reads them: the group's
+    hash and bit, and ``line``. The group travels as its hash only (``audit_frames`` puts the
+    names back on the rollup). ``bound_groups``: (consumer_group, bit)."""
     line = F.struct(
         "consumer",
         "ts",
@@ -175,10 +174,32 @@ def grouped_consumer_lines(consumer_lines: DataFrame, bound_groups: DataFrame) -
     )
 
 
+def message_lines(consumer_lines: DataFrame, bound_groups: DataFrame) -> DataFrame:
+    """Valid consumer lines as ``per_message`` folds them: the group's hash and bit, the line's
+    ``line_ts``, whether it was ``redelivered`` and whether it was ``consuming``. (Its consumer
+    travels only on the exact path, ``grouped_consumer_lines``.) ``bound_groups``:
+    (consumer_group, bit)."""
+    return consumer_lines.join(F.broadcast(bound_groups), on="consumer_group", how="left").select(
+        "message_id",
+        group_hash().alias("group_hash"),
+        "bit",
+        F.col("ts").alias("line_ts"),
+        F.coalesce("redelivered", F.lit(False)).alias("redelivered"),
+        F.col("outcome").isin(*CONSUMED_OUTCOMES).alias("consuming"),
+    )
+
+
 def per_message(producers: DataFrame, consumers: DataFrame, words: int) -> DataFrame:
     """One row per message_id of either log (both ``by_message``): first attempt time and key,
     attempts, publish state, and which groups logged a line (lowest ``min_group_hash``, bound
-    groups' bitmask ``seen_0``..). The union keeps the shuffles' partitioning: no new shuffle."""
+    groups' bitmask ``seen_0``..). The union keeps the shuffles' partitioning: no new shuffle.
+
+    It also folds the consumer lines as if they were one pair's (``max_group_hash``, the group's
+    ``bit``, ``redelivered``, first and last consuming ``ts``, first and last line ``ts``): exact
+    for a message whose lines all come from one group, which ``message_pairs`` checks.
+    ``consumers``: ``message_lines``, or ``grouped_consumer_lines`` when ``pair_contributions``
+    joins the same frame: its ``line`` is then referenced whole, so that both read one shuffle
+    (column pruning would make two different ones)."""
     none = {
         "ts": "long",
         "attempt_order": "long",
@@ -186,8 +207,22 @@ def per_message(producers: DataFrame, consumers: DataFrame, words: int) -> DataF
         "state": "byte",
         "group_hash": "long",
         "bit": "int",
-        "line": consumers.schema["line"].dataType.simpleString(),
+        "line_ts": "long",
+        "redelivered": "boolean",
+        "consuming": "boolean",
     }
+    if "line" in consumers.columns:
+        consumers = consumers.select(
+            "*",
+            F.col("line.ts").alias("line_ts"),
+            F.col("line.redelivered").alias("redelivered"),
+            F.col("line.consuming").alias("consuming"),
+        )
+        none["line"] = consumers.schema["line"].dataType.simpleString()
+        # A whole-struct reference (count("line") would be simplified to count(1) and lost).
+        line_count = "count(CASE WHEN group_hash IS NOT NULL THEN line END) AS line_count"
+    else:
+        line_count = "count(group_hash) AS line_count"
 
     def aligned(frame: DataFrame) -> DataFrame:
         return frame.selectExpr(
@@ -204,19 +239,29 @@ def per_message(producers: DataFrame, consumers: DataFrame, words: int) -> DataF
             F.min_by("key_hash", "attempt_order").alias("key_hash"),
             F.count("attempt_order").alias("attempts"),
             F.max("state").alias("state"),
-            F.min("group_hash").alias("min_group_hash"),
-            # A whole-struct reference (count("line") would be simplified to count(1) and lost).
-            F.count(F.when(F.col("group_hash").isNotNull(), F.col("line"))).alias("line_count"),
-            *[
-                F.expr(
+            *_exprs(
+                "min(group_hash) AS min_group_hash",
+                "max(group_hash) AS max_group_hash",
+                line_count,
+                "min(bit) AS bit",
+                "count_if(redelivered) AS redelivered",
+                "min(CASE WHEN consuming THEN line_ts END) AS first_consumed_ts",
+                "max(CASE WHEN consuming THEN line_ts END) AS last_consumed_ts",
+                "min(line_ts) AS first_line_ts",
+                "max(line_ts) AS last_line_ts",
+                *[
                     f"coalesce(bit_or(CASE WHEN floor(bit / {WORD_BITS}) = {w} "
                     f"THEN shiftleft(1L, pmod(bit, {WORD_BITS})) END), 0L) AS seen_{w}"
-                )
-                for w in range(words)
-            ],
+                    for w in range(words)
+                ],
+            ),
         )
     )
     return facts.withColumn("window_ms", hour_of(F.col("first_ts")))
+
+
+def _exprs(*sql: str) -> list[Column]:
+    return [F.expr(e) for e in sql]
 
 
 def with_expected(messages: DataFrame, keys: DataFrame, words: int) -> DataFrame:
@@ -307,9 +352,10 @@ def pair_contributions(
     group of a message with neither lines nor expected groups. Orphan lines of the day (a
     message_id no producer line has) carry ``orphan_consumer``/``orphan_ts``.
 
-    ``messages``: ``with_expected(per_message(...))``; ``consumers``: the same ``by_message``
-    frame ``per_message`` read, so the join reuses its shuffle. ``bound_groups``: the names of
-    the bits. The expressions are SQL text: one round trip to the JVM each, not one per operator.
+    ``messages``: ``EXACT_FACTS``, ``seen_w`` and ``expected_w`` per message (the ``exact``
+    column of ``message_pairs``); ``consumers``: their ``grouped_consumer_lines``, ``by_message``.
+    ``bound_groups``: the names of the bits. The expressions are SQL text: one round trip to the
+    JVM each, not one per operator.
     """
     joined = messages.join(consumers.hint("shuffle_hash"), on="message_id", how="left").select(
         "*", "line.*"
@@ -362,6 +408,137 @@ def pair_contributions(
     )
 
 
+# What pair_contributions needs of a message: the facts the exact path carries (``message_pairs``).
+def exact_facts(messages: DataFrame) -> list[str]:
+    """The columns of ``messages`` that ``pair_contributions`` reads."""
+    bits = [c for c in messages.columns if c.startswith(("seen_", "expected_"))]
+    return [*EXACT_FACTS, *bits]
+
+
+EXACT_FACTS = (
+    "message_id",
+    "first_ts",
+    "key_hash",
+    "attempts",
+    "state",
+    "min_group_hash",
+    "line_count",
+    "window_ms",
+)
+PAIR_FIELDS = (
+    ("group_hash", "bigint"),
+    ("primary", "boolean"),
+    ("expected", "boolean"),
+    ("deliveries", "bigint"),
+    ("redelivered", "bigint"),
+    ("late_deliveries", "bigint"),
+    ("first_consumed_ts", "bigint"),
+    ("last_consumed_ts", "bigint"),
+    ("lines", "bigint"),
+)
+
+
+def _pair(**values: str) -> str:
+    """SQL: a pair's own fields (``PAIR_FIELDS``) as a struct; absent ones are null."""
+    fields = ", ".join(
+        f"'{name}', CAST({values.get(name, 'NULL')} AS {sql_type})"
+        for name, sql_type in PAIR_FIELDS
+    )
+    return f"named_struct({fields})"
+
+
+def message_pairs(
+    messages: DataFrame, day_start_ms: int, grace_ms: int, bound_groups: list[str]
+) -> DataFrame:
+    """``pairs`` straight from ``per_message``, for the messages it folded exactly: logged by a
+    producer, with lines from one group only, all of them on time or all late. Each of the
+    other messages of the day (orphan lines, lines of several groups, lines on both sides of
+    the deadline) is one row with the facts the exact path needs in ``exact``
+    (``EXACT_FACTS``, ``seen_w``, ``expected_w``) and null pair fields; the rows of the others
+    have a null ``exact``.
+
+    ``messages``: ``with_expected(per_message(...))``; ``bound_groups``: the names of the bits.
+    """
+    words = len([c for c in messages.columns if c.startswith("expected_")])
+    bits = _Bits(words)
+    day_end_ms = day_start_ms + 24 * HOUR_MS
+    deadline = f"window_ms + {HOUR_MS + grace_ms}"
+    on_time = f"last_line_ts < {deadline}"
+    folded = (
+        f"first_ts IS NOT NULL AND (line_count = 0 OR (min_group_hash = max_group_hash "
+        f"AND ({on_time} OR first_line_ts >= {deadline})))"
+    )
+    in_day = f"window_ms >= {day_start_ms} AND window_ms < {day_end_ms}"
+    # Orphan lines count only in the day; a message with none there has nothing to check.
+    orphan = f"first_ts IS NULL AND first_line_ts < {day_end_ms} AND last_line_ts >= {day_start_ms}"
+    logged = _pair(
+        group_hash="min_group_hash",
+        primary=f"CASE WHEN {bits.any_expected()} THEN {bits.is_first_expected('bit')} "
+        "ELSE true END",
+        expected=bits.expected("bit"),
+        deliveries=f"CASE WHEN {on_time} THEN line_count ELSE 0 END",
+        redelivered=f"CASE WHEN {on_time} THEN redelivered ELSE 0 END",
+        late_deliveries=f"CASE WHEN {on_time} THEN 0 ELSE line_count END",
+        first_consumed_ts=f"CASE WHEN {on_time} THEN first_consumed_ts END",
+        last_consumed_ts=f"CASE WHEN {on_time} THEN last_consumed_ts END",
+        lines="line_count",
+    )
+    empty = f"CAST(array() AS array<struct<{', '.join(f'{n}:{t}' for n, t in PAIR_FIELDS)}>>)"
+    silent = empty
+    if bound_groups:
+        names = sql_literal(bound_groups, "array<string>")
+        silent_bits = (
+            f"filter(sequence(0, {len(bound_groups) - 1}), "
+            f"i -> {bits.expected('i')} AND {bits.unseen('i')})"
+        )
+        # As many lines as the exact path's join rows: the message's lines, or its one row.
+        one = _pair(
+            group_hash=f"xxhash64(element_at({names}, i + 1))",
+            primary=bits.is_first_expected("i"),
+            expected="true",
+            deliveries="0",
+            redelivered="0",
+            late_deliveries="0",
+            lines="greatest(line_count, 1)",
+        )
+        silent = f"transform({silent_bits}, i -> {one})"
+    nobody = _pair(
+        primary="true",
+        expected="false",
+        deliveries="0",
+        redelivered="0",
+        late_deliveries="0",
+        lines="1",
+    )
+    exact = "named_struct(" + ", ".join(f"'{c}', {c}" for c in exact_facts(messages)) + ")"
+    pairs_sql = (
+        f"CASE WHEN NOT ({folded}) THEN array({_pair()}) "
+        f"WHEN line_count > 0 AND NOT ({bits.any_silent()}) THEN array({logged}) "
+        f"ELSE concat(CASE WHEN line_count > 0 THEN array({logged}) ELSE {empty} END, "
+        f"CASE WHEN {bits.any_silent()} THEN {silent} ELSE {empty} END, "
+        f"CASE WHEN line_count = 0 AND NOT ({bits.any_expected()}) THEN array({nobody}) "
+        f"ELSE {empty} END) END"
+    )
+    message = ["message_id", "first_ts", "window_ms", "key_hash", "attempts", "state"]
+    return (
+        messages.where(f"({folded} AND {in_day}) OR (NOT ({folded}) AND ({in_day} OR {orphan}))")
+        .selectExpr(
+            *message,
+            f"explode({pairs_sql}) AS p",
+            f"CASE WHEN NOT ({folded}) THEN {exact} END AS exact",
+        )
+        .selectExpr(
+            "message_id",
+            "p.group_hash",
+            "CAST(NULL AS string) AS orphan_consumer",
+            "CAST(NULL AS bigint) AS orphan_ts",
+            *message[1:],
+            *[f"p.{name}" for name, _ in PAIR_FIELDS[1:]],
+            "exact",
+        )
+    )
+
+
 def pairs(contributions: DataFrame) -> DataFrame:
     """One row per (message, group), or per distinct orphan line (``lines`` = its copies).
 
@@ -410,8 +587,9 @@ def with_store(pairs: DataFrame, stored: DataFrame) -> DataFrame:
     return joined.where(F.col("first_ts").isNotNull() | F.col("store_id").isNull())
 
 
-def classify_pairs(pairs: DataFrame) -> DataFrame:
-    """Per pair: consumed, dead-lettered, recovered, unaccounted, duplicates by cause.
+def classify_pairs(pairs: DataFrame, carry: tuple[str, ...] = ()) -> DataFrame:
+    """Per pair: consumed, dead-lettered, recovered, unaccounted, duplicates by cause; the
+    ``carry`` columns pass through.
 
     Few pairs have store rows: the others skip the array functions."""
     group = F.col("group_hash")
@@ -473,6 +651,7 @@ def classify_pairs(pairs: DataFrame) -> DataFrame:
         "orphan_consumer",
         "orphan_ts",
         "lines",
+        *carry,
     )
 
 
