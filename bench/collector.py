@@ -218,7 +218,13 @@ def drain(vhost, n, args, sample_rss=False):
     else:
         worker = start_worker(vhost, args, log_path)
         pid, stop = worker.pid, lambda: stop_worker(worker)
-    expected = 1 if args.in_process else collector_process_count(args.processes or 0)
+    expected = (
+        1
+        if args.in_process
+        else collector_process_count(
+            settings.COLLECTOR_PROCESSES if args.processes is None else args.processes
+        )
+    )
     amqp = pika.BlockingConnection(pika.URLParameters(vhost_url(vhost)))
     channel = amqp.channel()
     try:

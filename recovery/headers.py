@@ -20,7 +20,6 @@ import decimal
 import math
 
 TAG = "$t"
-_EPOCH_UTC = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
 
 class LongBytes(bytes):
@@ -51,6 +50,7 @@ def datetime_or_none(seconds):
 
 _DATETIME = datetime.datetime
 _EPOCH = datetime.datetime(1970, 1, 1)
+_EPOCH_UTC = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
 
 def _timestamp_json(value):

@@ -226,28 +226,14 @@ def fingerprint_of(vhost, queue, properties_text, headers_text, body):
 # Keys in the order they came off the wire: a redelivery is the same stored message, encoded by
 # the broker the same way, so it produces the same text (and fingerprint) without sorting.
 # The output of ``json.JSONEncoder(separators=(",", ":")).encode``, from one C encoder made once
-# (``encode`` builds a new one per call); values are JSON-safe already (headers.to_json), there
-# is no cycle to check for.
-_encoder = (
-    c_make_encoder(
-        None,
-        json.JSONEncoder().default,
-        encode_basestring_ascii,
-        None,
-        ":",
-        ",",
-        False,
-        False,
-        True,
-    )
-    if c_make_encoder
-    else None
+# (``encode`` builds a new one per call; CPython always has it); values are JSON-safe already
+# (headers.to_json), there is no cycle to check for.
+_encoder = c_make_encoder(
+    None, json.JSONEncoder().default, encode_basestring_ascii, None, ":", ",", False, False, True
 )
 
 
 def _dumps(value):
-    if _encoder is None:
-        return json.dumps(value, separators=(",", ":"))
     return "".join(_encoder(value, 0))
 
 

@@ -276,36 +276,34 @@ def _folded_rollup(
         transforms.message_pairs(messages, day_start_ms, grace_ms, bound_groups),
         ("exact",),
     ).localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
-    # One partition: the rollup is small, and a single partition satisfies every grouping and
-    # join of the outputs, so each output is one stage instead of a chain of shuffles.
-    rolled = first_pass.where("exact IS NULL").drop("exact").coalesce(1)
+    settled = first_pass.where("exact IS NULL").drop("exact")
     exact = first_pass.where("exact IS NOT NULL").select("exact.*")
     exact_messages = exact.count()
-    if exact_messages:
-        # The exact path: the messages the first pass could not fold, with their lines.
-        ids = exact.select("message_id")
-        lines = transforms.valid_lines(consumer_raw).join(
-            F.broadcast(ids) if exact_messages <= EXACT_BROADCAST_LIMIT else ids,
-            on="message_id",
-            how="left_semi",
+    if not exact_messages:
+        # One partition: the rollup is small, and a single partition satisfies every grouping
+        # and join of the outputs, so each output is one stage instead of a chain of shuffles.
+        return settled.coalesce(1)
+    # The exact path: the messages the first pass could not fold, with their lines.
+    ids = exact.select("message_id")
+    lines = transforms.valid_lines(consumer_raw).join(
+        F.broadcast(ids) if exact_messages <= EXACT_BROADCAST_LIMIT else ids,
+        on="message_id",
+        how="left_semi",
+    )
+    pairs = transforms.pairs(
+        transforms.pair_contributions(
+            exact,
+            transforms.by_message(transforms.grouped_consumer_lines(lines, bound)),
+            day_start_ms,
+            grace_ms,
+            bound_groups,
         )
-        pairs = transforms.pairs(
-            transforms.pair_contributions(
-                exact,
-                transforms.by_message(transforms.grouped_consumer_lines(lines, bound)),
-                day_start_ms,
-                grace_ms,
-                bound_groups,
-            )
-        )
-        rolled = (
-            first_pass.where("exact IS NULL")
-            .drop("exact")
-            .unionByName(rolled_up(pairs))
-            .repartition(1)
-            .localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
-        )
-    return rolled
+    )
+    return (
+        settled.unionByName(rolled_up(pairs))
+        .repartition(1)
+        .localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
+    )
 
 
 def manifest_frame(spark: SparkSession, producer_files, consumer_files) -> DataFrame:

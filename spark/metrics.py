@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from spark.schema import HOUR_MS
-from spark.transforms import DEAD_LETTER_REASONS, PUBLISH_STATES
+from spark.transforms import DEAD_LETTER_REASONS, PUBLISH_STATES, sql_exprs
 
 COUNT_METRICS = (
     "publish_attempts",
@@ -89,10 +89,6 @@ DUP_TOTAL = "(" + " + ".join(f"dup_{cause}" for cause in DUP_CAUSES) + ")"
 CONFIRMED = PUBLISH_STATES.index("confirmed")
 
 
-def _exprs(*sql: str) -> list:
-    return [F.expr(e) for e in sql]
-
-
 def _final(grace_ms: int, now_ms: int) -> str:
     return f"(window_ms + {HOUR_MS + grace_ms} <= {now_ms})"
 
@@ -121,7 +117,7 @@ def rollup(facts: DataFrame, grace_ms: int, now_ms: int, carry: tuple[str, ...] 
     )
     keys = ["window_ms", "exchange", "group_hash", "primary", "orphan", "latency_ms", *carry]
     return facts.groupBy(*keys, F.expr(evidence)).agg(
-        *_exprs(
+        *sql_exprs(
             "count(1) AS pairs",
             "sum(attempts) AS attempts",
             *[f"count_if(state = {i}) AS {name}" for i, name in enumerate(PUBLISH_STATES)],
@@ -259,7 +255,7 @@ def window_metrics(
     counts = (
         rolled.where("NOT orphan")
         .groupBy(*keys)
-        .agg(*_exprs(*_producer_counts(None), *_pair_counts(final, sla_ms)))
+        .agg(*sql_exprs(*_producer_counts(None), *_pair_counts(final, sla_ms)))
     )
     published = counts.join(
         F.broadcast(quantiles), on=[counts[k].eqNullSafe(quantiles[k]) for k in keys], how="left"
@@ -311,7 +307,7 @@ def totals(
     over_pairs = (
         rolled.where("NOT orphan")
         .agg(
-            *_exprs(
+            *sql_exprs(
                 *_producer_counts("primary"),
                 *_pair_counts(final, sla_ms),
                 f"{_sum('pairs', f'NOT {final}')} AS provisional_pairs",

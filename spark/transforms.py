@@ -239,7 +239,7 @@ def per_message(producers: DataFrame, consumers: DataFrame, words: int) -> DataF
             F.min_by("key_hash", "attempt_order").alias("key_hash"),
             F.count("attempt_order").alias("attempts"),
             F.max("state").alias("state"),
-            *_exprs(
+            *sql_exprs(
                 "min(group_hash) AS min_group_hash",
                 "max(group_hash) AS max_group_hash",
                 line_count,
@@ -260,7 +260,8 @@ def per_message(producers: DataFrame, consumers: DataFrame, words: int) -> DataF
     return facts.withColumn("window_ms", hour_of(F.col("first_ts")))
 
 
-def _exprs(*sql: str) -> list[Column]:
+def sql_exprs(*sql: str) -> list[Column]:
+    """Columns from SQL text: one round trip to the JVM each, not one per operator."""
     return [F.expr(e) for e in sql]
 
 
@@ -409,12 +410,6 @@ def pair_contributions(
 
 
 # What pair_contributions needs of a message: the facts the exact path carries (``message_pairs``).
-def exact_facts(messages: DataFrame) -> list[str]:
-    """The columns of ``messages`` that ``pair_contributions`` reads."""
-    bits = [c for c in messages.columns if c.startswith(("seen_", "expected_"))]
-    return [*EXACT_FACTS, *bits]
-
-
 EXACT_FACTS = (
     "message_id",
     "first_ts",
@@ -436,6 +431,12 @@ PAIR_FIELDS = (
     ("last_consumed_ts", "bigint"),
     ("lines", "bigint"),
 )
+
+
+def exact_facts(messages: DataFrame) -> list[str]:
+    """The columns of ``messages`` that ``pair_contributions`` reads."""
+    bits = [c for c in messages.columns if c.startswith(("seen_", "expected_"))]
+    return [*EXACT_FACTS, *bits]
 
 
 def _pair(**values: str) -> str:

@@ -17,7 +17,7 @@ class Recorder(threading.Thread):
     the store's writes (one message row update per message) are the slowest part of a replay,
     and here they overlap with everything else."""
 
-    def __init__(self, store, user_id, via, wakeup=None):
+    def __init__(self, store, user_id, via, wakeup):
         super().__init__(name=f"replay-recorder:{store.job_id}", daemon=True)
         self.store, self.user_id, self.via = store, user_id, via
         # Set after each batch: the runner waits on it for room in its window.
@@ -52,8 +52,7 @@ class Recorder(threading.Thread):
                     self.confirmed += counts["confirmed"]
                     if self.backlog == 0:
                         self.idle.set()
-                if self.wakeup is not None:
-                    self.wakeup.set()
+                self.wakeup.set()
         finally:
             self.store.close()
 

@@ -109,13 +109,8 @@ class Claims:
         return self.future is not None
 
     def start(self, limit, allowed_statuses, canary_only):
-        self.future = self.executor.submit(self._claim, limit, allowed_statuses, canary_only)
-
-    def _claim(self, *args):
-        try:
-            return self.store.claim(*args)
-        finally:
-            self.wakeup.set()
+        self.future = self.executor.submit(self.store.claim, limit, allowed_statuses, canary_only)
+        self.future.add_done_callback(lambda _future: self.wakeup.set())
 
     def done(self):
         return self.future is not None and self.future.done()
@@ -351,11 +346,12 @@ class JobRunner:
             self.exhausted, self.stalled_until = False, now + 1.0
             self.stalled_reason = f"cannot declare the delay queue ({exc!r})"
 
-    def _settle_claim(self):
-        """Wait for a running claim and give its items back (the job is stopping)."""
-        if self.claims is not None and self.claims.running:
-            claimed, _skipped, _any_left = self.claims.result()
-            self.store.release([c.item_id for c in claimed])
+    def _running_claim_items(self):
+        """The item ids of a claim still running, once it is done (the job is stopping)."""
+        if self.claims is None or not self.claims.running:
+            return []
+        claimed, _skipped, _any_left = self.claims.result()
+        return [c.item_id for c in claimed]
 
     def _collect(self):
         pending, results = self.pending, self.results
@@ -511,10 +507,10 @@ class JobRunner:
     def _stop(self, verdict):
         """Stop sending, settle what is in flight, then leave the job as the verdict says."""
         kind, reason = verdict
-        self._settle_claim()
+        release = self._running_claim_items()
         for publisher in self.publishers.values():
             publisher.withdraw()
-        release = [entry.key for _vhost, entry in self.buffer]
+        release += [entry.key for _vhost, entry in self.buffer]
         for key in release:
             self.pending.pop(key, None)
         self.buffer.clear()
@@ -566,11 +562,10 @@ class JobRunner:
             for publisher in self.publishers.values():
                 publisher.withdraw()
             held = list(getattr(self, "pending", {}))
-            if self.claims is not None and self.claims.running:
-                try:
-                    held.extend(c.item_id for c in self.claims.result()[0])
-                except Exception:
-                    log.warning("replay job %s: the last claim failed too", self.job_id)
+            try:
+                held += self._running_claim_items()
+            except Exception:
+                log.warning("replay job %s: the last claim failed too", self.job_id)
             self.store.release(held, "the job failed before this message was confirmed")
             reason = f"failed: {type(exc).__name__}: {exc}"[:2000]
             if self.store.end(ReplayJob.State.FAILED, reason) == ReplayJob.State.FAILED:

@@ -99,6 +99,21 @@ def dead_letters(queue, count, body=b"payload", **kwargs):
     return store([dead_letter_row(queue, body, **kwargs) for _ in range(count)])
 
 
+def populated(queue, count, operator, runner="runner-a"):
+    """A job over ``count`` new dead letters of ``queue``, leased and snapshot by ``runner``:
+    (job, its JobStore, the messages)."""
+    from recovery.jobs import create_job, selection_sql
+    from recovery.replay.store import JobStore
+
+    messages = dead_letters(queue, count)
+    job = create_job(operator, filters={"queue": queue})
+    store = JobStore(job.pk, runner)
+    assert store.acquire(str(job.token), 30)
+    job.refresh_from_db()
+    assert store.populate(*selection_sql(job), 0) == count
+    return job, store, messages
+
+
 def declare_app_queue(channel, name, **arguments):
     channel.queue_delete(name)
     channel.queue_declare(name, durable=True, arguments={**DLX_ARGS, **arguments})

@@ -7,12 +7,19 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from recovery.jobs import create_job, resume_stalled_jobs, selection_sql
+from recovery.jobs import create_job, resume_stalled_jobs
 from recovery.models import Activity, Message, ReplayJob, ReplayJobItem, Status
 from recovery.replay.runner import JobRunner
 from recovery.replay.store import JobStore
 from tests.conftest import wait_for
-from tests.replay.conftest import dead_letters, declare_app_queue, drain, run, run_in_thread
+from tests.replay.conftest import (
+    dead_letters,
+    declare_app_queue,
+    drain,
+    populated,
+    run,
+    run_in_thread,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -192,12 +199,7 @@ def test_overlapping_jobs_never_send_a_message_twice(wired, amqp, operator, cons
 
 
 def test_concurrent_claimers_never_claim_the_same_item(wired, operator):
-    dead_letters("safe.claims", 600)
-    job = create_job(operator, filters={"queue": "safe.claims"})
-    owner = JobStore(job.pk, "runner-a")
-    assert owner.acquire(str(job.token), 30)
-    job.refresh_from_db()
-    assert owner.populate(*selection_sql(job), 0) == 600
+    job, owner, _messages = populated("safe.claims", 600, operator)
     owner.close()
     claimed = {"runner-a": [], "runner-b": [], "runner-c": []}
 
@@ -230,12 +232,7 @@ def test_items_a_deposed_runner_claims_after_the_takeover_are_sent(
     """A runner that lost its lease (a long pause) may still finish a claim after the new runner
     put back what was claimed when it took over; the new runner must not wait on those forever."""
     declare_app_queue(amqp, "safe.deposed")
-    dead_letters("safe.deposed", 40)
-    job = create_job(operator, filters={"queue": "safe.deposed"})
-    old = JobStore(job.pk, "runner-old")
-    assert old.acquire(str(job.token), 30)
-    job.refresh_from_db()
-    assert old.populate(*selection_sql(job), 0) == 40
+    job, old, _messages = populated("safe.deposed", 40, operator, runner="runner-old")
     rows, _skipped, _left = old.claim(5, ["pending"])
     assert len(rows) == 5
     ReplayJob.objects.filter(pk=job.pk).update(heartbeat_at=timezone.now() - timedelta(hours=1))

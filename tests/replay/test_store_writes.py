@@ -5,7 +5,6 @@ import psycopg
 import pytest
 from django.db import connection
 
-from recovery.jobs import create_job, selection_sql
 from recovery.models import (
     Activity,
     Message,
@@ -15,19 +14,9 @@ from recovery.models import (
     Status,
 )
 from recovery.replay.store import JobStore, database_conninfo
-from tests.replay.conftest import dead_letters
+from tests.replay.conftest import populated
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def populated(queue, count, operator, runner="runner-a"):
-    messages = dead_letters(queue, count)
-    job = create_job(operator, filters={"queue": queue})
-    store = JobStore(job.pk, runner)
-    assert store.acquire(str(job.token), 30)
-    job.refresh_from_db()
-    assert store.populate(*selection_sql(job), 0) == count
-    return job, store, messages
 
 
 def test_record_writes_items_messages_logs_and_counters_in_one_go(wired, operator):
