@@ -4,8 +4,11 @@
 schema states its bounds.
 """
 
-from rest_framework.exceptions import ValidationError
-from rest_framework.pagination import CursorPagination
+import bisect
+import json
+
+from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.pagination import Cursor, CursorPagination
 
 
 class StrictCursorPagination(CursorPagination):
@@ -37,3 +40,58 @@ class NewestFirstCursorPagination(StrictCursorPagination):
     """Messages (the default pagination class)."""
 
     ordering = ("-collected_at", "-id")
+
+
+class RowsCursorPagination(StrictCursorPagination):
+    """Cursor pagination over rows computed whole, in memory, already in their order.
+
+    For lists that are aggregates (a few hundred failure groups), not querysets. The cursor is
+    the sort key of a page's edge row (``position`` below), so a page is found by binary search,
+    and later pages stay right when rows are added in between, as with the queryset cursors.
+    ``sort_key(row)`` is a (str or int, ...) tuple, ascending in the rows' order.
+    """
+
+    ordering = None  # the rows come ordered
+
+    def paginate_rows(self, rows, sort_key, request):
+        self.request = request
+        self.base_url = request.build_absolute_uri()
+        self.page_size = self.get_page_size(request)
+        keys = [sort_key(row) for row in rows]
+        cursor = self.decode_cursor(request)
+        if cursor is None:
+            start, end = 0, self.page_size
+        else:
+            edge = self._key(cursor.position, keys)
+            if cursor.reverse:
+                end = bisect.bisect_left(keys, edge)
+                start = max(0, end - self.page_size)
+            else:
+                start = bisect.bisect_right(keys, edge)
+                end = start + self.page_size
+        page = rows[start:end]
+        self._next = keys[end - 1] if page and end < len(rows) else None
+        self._previous = keys[start] if page and start > 0 else None
+        return page
+
+    def _key(self, position, keys):
+        """The sort key a cursor's position names (a JSON list, typed like the rows' keys)."""
+        try:
+            edge = tuple(json.loads(position))
+            if keys and [type(v) for v in edge] != [type(v) for v in keys[0]]:
+                raise ValueError(position)
+        except (TypeError, ValueError) as exc:
+            raise NotFound(self.invalid_cursor_message) from exc
+        return edge
+
+    def _link(self, key, reverse):
+        if key is None:
+            return None
+        position = json.dumps(list(key), separators=(",", ":"))
+        return self.encode_cursor(Cursor(offset=0, reverse=reverse, position=position))
+
+    def get_next_link(self):
+        return self._link(self._next, reverse=False)
+
+    def get_previous_link(self):
+        return self._link(self._previous, reverse=True)
