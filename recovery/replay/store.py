@@ -355,11 +355,14 @@ class JobStore:
             message_ids = [m for _i, m, _s in items]
             rows = {
                 row[0]: row
+                # Binary results: a body comes as its bytes, not as hex text twice its size
+                # that PostgreSQL encodes and psycopg decodes (6.5 -> 3.5-4 us per 1 KiB row).
                 for row in pg.execute(
                     f"SELECT {MESSAGE_COLUMNS} FROM {MESSAGE} WHERE id = ANY(%s::bigint[]) "
                     "ORDER BY id FOR UPDATE",
                     (id_array(message_ids),),
-                )
+                    binary=True,
+                ).fetchall()
             }
             held = dict(
                 pg.execute(

@@ -127,6 +127,19 @@ def test_a_job_replays_every_selected_message_once_and_counts_them(wired, amqp, 
     assert {"job_created", "job_started", "job_done"} <= actions
 
 
+def test_a_job_sends_every_body_byte_for_byte(wired, amqp, operator):
+    """Bodies reach the runner as binary (no hex text): every byte value, an empty body and a
+    4 MiB one arrive exactly as stored."""
+    declare_app_queue(amqp, "jobs.bytes")
+    bodies = [bytes(range(256)) * 3, b"", b"\x00" * 7, bytes(range(255, -1, -1)) * 16384]
+    for body in bodies:
+        dead_letters("jobs.bytes", 1, body=body)
+
+    assert run(create_job(operator, filters={"queue": "jobs.bytes"})) == "done"
+
+    assert sorted(body for _p, body in drain("jobs.bytes")) == sorted(bodies)
+
+
 def test_returned_and_nacked_messages_stay_pending_with_the_reason(wired, amqp, operator):
     declare_app_queue(amqp, "jobs.full", **{"x-max-length": 2, "x-overflow": "reject-publish"})
     dead_letters("jobs.full", 5)
