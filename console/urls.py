@@ -12,6 +12,7 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("messages/", messages.message_list, name="messages"),
     path("messages/bulk", messages.message_bulk, name="messages-bulk"),
+    path("messages/discard", messages.message_discard_matching, name="messages-discard-matching"),
     path("messages/<int:pk>/", message.message_detail, name="message"),
     path("messages/<int:pk>/replay", message.message_replay, name="message-replay"),
     path("messages/<int:pk>/discard", message.message_discard, name="message-discard"),

@@ -22,7 +22,8 @@ from recovery.filters import (
 )
 from recovery.jobs import create_job
 from recovery.models import Message
-from recovery.replay import ReplayError, discard_message
+from recovery.replay import ReplayError, discard_matching, discard_message
+from recovery.replay.curation import DISCARDABLE
 
 PAGE_SIZE = 50
 SEARCH_TIMEOUT_MS = 5000
@@ -132,3 +133,41 @@ def _discard_many(request, ids, reason):
     for line in refused:
         flash.error(request, line)
     return _back(request)
+
+
+@login_required
+@operator_required
+def message_discard_matching(request):
+    """Discard everything the list's filter matches: GET counts and asks, POST discards (for
+    a few seconds per request; the page offers to go on while some remain)."""
+    form = MessageFilterForm(request.GET)
+    filters = form.cleaned_data if form.is_valid() else None
+    # The filter as a query without the form's empty fields: for the list and this page's form.
+    query = urlencode([(name, value) for name, value in request.GET.items() if value])
+    named = filters is not None and any(v not in (None, "") for v in filters.values())
+    discarded = None
+    if request.method == "POST" and named:
+        reason = request.POST.get("reason", "")
+        try:
+            discarded, remaining = discard_matching(request.user, filters, "console", reason)
+        except ValidationError as exc:
+            flash.error(request, "; ".join(exc.messages))
+            return redirect(reverse("messages") + "?" + query)
+        flash.success(request, f"Discarded {discarded} message(s).")
+        if not remaining:
+            return redirect(reverse("messages") + "?" + query)
+    elif request.method not in ("GET", "HEAD", "POST"):
+        return redirect("messages")
+    count = form.apply(Message.objects.filter(status__in=DISCARDABLE)).count() if named else 0
+    return render(
+        request,
+        "messages/discard_matching.html",
+        {
+            "form": form,
+            "named": named,
+            "count": count,
+            "continuing": discarded is not None,
+            "query": query,
+            "reason": request.POST.get("reason", ""),
+        },
+    )

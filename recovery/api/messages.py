@@ -24,11 +24,13 @@ from recovery.replay import (
     BrokerUnavailable,
     ReplayError,
     StateError,
+    discard_matching,
     discard_message,
     edit_and_replay,
     replay_message,
     restore_message,
 )
+from recovery.replay.curation import DISCARD_BUDGET_S
 
 FILTER_PARAMETERS = [MessageFilterParams]
 
@@ -148,6 +150,46 @@ def discard(request, pk):
     except StateError as exc:
         return problem_response(409, exc, "conflict", request)
     return Response(MessageSerializer(message).data)
+
+
+class DiscardMatchingRequestSerializer(serializers.Serializer):
+    filters = MessageFilterParams(
+        help_text="The message filters, as for GET /messages; at least one."
+    )
+    reason = StrictCharField(
+        required=False, allow_blank=True, max_length=1000, help_text="Why (kept in the activity)."
+    )
+
+
+class DiscardMatchingSerializer(serializers.Serializer):
+    discarded = serializers.IntegerField(help_text="Discarded by this call.")
+    remaining = serializers.IntegerField(
+        help_text="Still matching and discardable: beyond this call's time budget, or held by a "
+        "running replay. Call again while it is above 0 and the last call discarded some."
+    )
+
+
+@extend_schema(
+    summary="Discard every message matching a filter (soft; each one restorable)",
+    request=DiscardMatchingRequestSerializer,
+    responses={200: DiscardMatchingSerializer},
+    description="Pending, poisoned and replayed messages matching `filters` are discarded, "
+    f"oldest first, for up to {DISCARD_BUDGET_S:g} s per call; `remaining` says how many are "
+    "left. A message a running job or replay holds is skipped (it stays in `remaining`). Each "
+    "discard is an activity row, as for one message. 400 without a filter.",
+)
+@api_view(["POST"])
+def discard_by_filter(request):
+    body = DiscardMatchingRequestSerializer(data=request.data)
+    body.is_valid(raise_exception=True)
+    # A ValidationError (no filter) becomes a 400 in recovery.api.errors.exception_handler.
+    discarded, remaining = discard_matching(
+        request.user,
+        body.validated_data["filters"],
+        via="api",
+        reason=body.validated_data.get("reason", ""),
+    )
+    return Response({"discarded": discarded, "remaining": remaining})
 
 
 @extend_schema(

@@ -5,7 +5,12 @@
 The names below are the public surface the console and the API use.
 """
 
-from recovery.replay.curation import discard_message, edit_and_replay, restore_message
+from recovery.replay.curation import (
+    discard_matching,
+    discard_message,
+    edit_and_replay,
+    restore_message,
+)
 from recovery.replay.one import (
     REPLAYABLE,
     STRIPPED_HEADERS,
@@ -27,6 +32,7 @@ __all__ = [
     "ReplayError",
     "StateError",
     "claim",
+    "discard_matching",
     "discard_message",
     "edit_and_replay",
     "record_outcome",

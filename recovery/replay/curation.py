@@ -3,13 +3,16 @@ restore, and edit-then-replay. Every call is written to the activity log with th
 
 import binascii
 import json
+import time
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from recovery import headers as header_codec
-from recovery.models import Activity, Message, Status
+from recovery.filters import apply_filters
+from recovery.models import Activity, Message, ReplayJobItem, Status
 from recovery.replay.one import StateError, holding_job, replay_message
 
 DISCARDABLE = (Status.PENDING, Status.POISONED, Status.REPLAYED)
@@ -58,6 +61,72 @@ def discard_message(message, user, via="console", reason=""):
             detail={"reason": reason, "previous_status": row.status, "message": row.pk},
         )
     return Message.objects.get(pk=row.pk)
+
+
+# Messages per transaction of a discard by filter, and how long one call works before it reports
+# back (a console request or an API call; the caller calls again for the rest).
+DISCARD_BATCH = 500
+DISCARD_BUDGET_S = 5.0
+
+
+def discard_matching(user, filters, via="console", reason="", budget_s=None, batch=None):
+    """Soft-discard the pending, poisoned and replayed messages matching ``filters`` (cleaned
+    filter data, at least one filter), oldest id first, for about ``budget_s`` seconds (at
+    least one batch).
+
+    Returns ``(discarded, remaining)``: ``remaining`` still match and are discardable (beyond
+    the budget, or held by a running job, or locked by a replay at that moment); call again
+    for them. Each batch is one transaction that locks its messages first and only then looks
+    for a job's claim, as ``discard_message`` does, so a message a job or a one-click replay
+    holds is skipped, never discarded under it. One ``discard`` activity row per message.
+    """
+    if not any(value not in (None, "") for value in filters.values()):
+        raise ValidationError({"filters": "name at least one filter: this discards every match"})
+    reason = (reason or "").strip()[:1000]
+    matching = apply_filters(Message.objects.filter(status__in=DISCARDABLE), filters)
+    deadline = time.monotonic() + (DISCARD_BUDGET_S if budget_s is None else budget_s)
+    batch = batch or DISCARD_BATCH
+    discarded, after = 0, 0
+    while True:  # at least one batch per call, so every call gets somewhere
+        with transaction.atomic():
+            rows = list(
+                matching.filter(pk__gt=after)
+                .order_by("pk")
+                .select_for_update(skip_locked=True, of=("self",))
+                .values_list("pk", "status")[:batch]
+            )
+            if not rows:
+                break
+            after = rows[-1][0]
+            held = set(
+                ReplayJobItem.objects.filter(
+                    message_id__in=[pk for pk, _status in rows],
+                    state=ReplayJobItem.State.CLAIMED,
+                ).values_list("message_id", flat=True)
+            )
+            rows = [(pk, status) for pk, status in rows if pk not in held]
+            now = timezone.now()
+            Message.objects.filter(pk__in=[pk for pk, _status in rows]).update(
+                status=Status.DISCARDED,
+                status_before_discard=F("status"),
+                discarded_at=now,
+                status_reason=reason,
+                updated_at=now,
+            )
+            Activity.objects.bulk_create(
+                Activity(
+                    user=user,
+                    action="discard",
+                    message_id=pk,
+                    via=via,
+                    detail={"reason": reason, "previous_status": status, "message": pk},
+                )
+                for pk, status in rows
+            )
+            discarded += len(rows)
+        if time.monotonic() >= deadline:
+            break
+    return discarded, matching.count()
 
 
 def restore_message(message, user, via="console"):

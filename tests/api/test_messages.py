@@ -173,6 +173,60 @@ def test_discard_then_restore(operator_api, wired):
     assert Activity.objects.get(action="discard").detail["reason"] == "bad payload, ticket 12"
 
 
+def test_discard_by_filter_discards_every_match_and_logs_each(operator_api, wired):
+    kept = [make_message(source_queue="junk.q", status=s) for s in ("discarded", "replaying")]
+    junk = [
+        make_message(source_queue="junk.q", status=s)
+        for s in ("pending", "pending", "pending", "poisoned", "replayed")
+    ]
+    other = make_message(source_queue="real.q")
+
+    response = operator_api.post(
+        "/api/v1/messages/discard", {"filters": {"queue": "junk.q"}, "reason": "load test"}
+    )
+
+    assert response.status_code == 200, response.content
+    assert response.json() == {"discarded": 5, "remaining": 0}
+    for before, message in zip(("pending",) * 3 + ("poisoned", "replayed"), junk, strict=True):
+        message.refresh_from_db()
+        assert (message.status, message.status_before_discard) == ("discarded", before)
+        assert message.status_reason == "load test" and message.discarded_at is not None
+    assert [Message.objects.get(pk=m.pk).status for m in kept] == ["discarded", "replaying"]
+    assert Message.objects.get(pk=other.pk).status == "pending"
+    logged = Activity.objects.filter(action="discard", via="api")
+    assert sorted(logged.values_list("message_id", flat=True)) == [m.pk for m in junk]
+    assert {a.detail["reason"] for a in logged} == {"load test"}
+    restored = operator_api.post(f"/api/v1/messages/{junk[3].pk}/restore")
+    assert restored.json()["status"] == "poisoned"
+    again = operator_api.post("/api/v1/messages/discard", {"filters": {"queue": "junk.q"}})
+    assert again.json() == {"discarded": 1, "remaining": 0}
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({}, "filters"),
+        ({"filters": {}}, "filters"),
+        ({"filters": {"queue": ""}}, "filters"),
+        ({"filters": {"kind": "grue"}}, "filters.kind"),
+        ({"filters": {"queue": "q"}, "reason": 7}, "reason"),
+    ],
+)
+def test_discard_by_filter_refuses_a_missing_or_bad_filter(operator_api, wired, body, field):
+    message = make_message()
+    response = operator_api.post("/api/v1/messages/discard", body)
+    assert response.status_code == 400, response.content
+    assert field in response.json()["errors"], response.json()
+    assert Message.objects.get(pk=message.pk).status == "pending"
+
+
+def test_discard_by_filter_is_for_operators(viewer_api, wired):
+    message = make_message(source_queue="v.q")
+    response = viewer_api.post("/api/v1/messages/discard", {"filters": {"queue": "v.q"}})
+    assert response.status_code == 403
+    assert Message.objects.get(pk=message.pk).status == "pending"
+
+
 def test_a_delay_must_be_a_configured_one(operator_api, wired, settings):
     message = make_message()
     response = operator_api.post(f"/api/v1/messages/{message.pk}/replay", {"delay_seconds": 7})

@@ -89,3 +89,27 @@ def test_it_opens_a_real_dead_letter_and_replays_it(tab, operator, collector, am
     tab.page.reload()
     expect(tab.page.locator("#history")).to_contain_text("confirmed")
     assert tab.errors == [], tab.errors
+
+
+def test_an_operator_discards_everything_a_filter_matches(tab, operator):
+    for n in range(3):
+        make_message(message_id=f"junk-{n}", source_queue="loadtest")
+    make_message(message_id="real-1", source_queue="orders")
+    tab.login("otto")
+    tab.goto("/messages/")
+    tab.page.fill('input[name="queue"]', "loadtest")
+    tab.page.press('input[name="queue"]', "Enter")  # htmx swaps the table and its controls
+    expect(tab.page.locator("#message-table tbody tr")).to_have_count(3)
+
+    tab.page.click("#discard-for-filter")
+    expect(tab.page.locator("#discard-count")).to_contain_text("3 pending, poisoned or replayed")
+    tab.page.fill('input[name="reason"]', "load test traffic")
+    tab.screenshot("discard-by-filter")
+    tab.page.click("#discard-matching-button")
+
+    expect(tab.page.locator("#flash")).to_contain_text("Discarded 3 message(s).")
+    expect(tab.page).to_have_url(re.compile(r"/messages/\?queue=loadtest"))
+    expect(tab.page.locator("#message-table .status-discarded")).to_have_count(3)
+    tab.goto("/messages/?queue=orders")
+    expect(tab.page.locator("#message-table .status-pending")).to_have_count(1)
+    assert tab.errors == [], tab.errors

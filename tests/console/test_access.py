@@ -25,11 +25,14 @@ OPERATOR_POSTS = [
     "/messages/{pk}/restore",
     "/messages/{pk}/edit",
     "/messages/bulk",
+    "/messages/discard?status=pending",
     "/jobs/new",
 ]
 
 
-@pytest.mark.parametrize("path", PAGES + ["/users/", "/messages/{pk}/edit"])
+@pytest.mark.parametrize(
+    "path", PAGES + ["/users/", "/messages/{pk}/edit", "/messages/discard?status=pending"]
+)
 def test_it_sends_anonymous_visitors_to_login(client, path):
     message = make_message()
     response = client.get(path.format(pk=message.pk))

@@ -166,6 +166,57 @@ def test_bulk_discard(client, operator, wired):
     )
 
 
+def test_discard_everything_a_filter_matches_asks_first_then_goes_on_in_steps(
+    client, operator, wired, monkeypatch
+):
+    from recovery.replay import curation
+
+    junk = [stored_in(wired, "app.junk", reason="expired") for _ in range(5)]
+    other = stored_in(wired, "app.junk", reason="rejected")
+    client.force_login(operator)
+    listing = client.get("/messages/", {"queue": "app.junk"}).content.decode()
+    assert 'id="discard-for-filter"' in listing
+    url = "/messages/discard?queue=app.junk&reason=expired"
+
+    asked = client.get(url).content.decode()
+    assert "<strong>5</strong> pending, poisoned or replayed messages match" in asked
+    assert Message.objects.filter(status="discarded").count() == 0  # asking changes nothing
+
+    # Steps of 2 and no time to spare: each POST does one step (at least one, always).
+    monkeypatch.setattr(curation, "DISCARD_BATCH", 2)
+    monkeypatch.setattr(curation, "DISCARD_BUDGET_S", 1e-9)
+    first = client.post(url, {"reason": "ttl storm"})
+    assert first.status_code == 200
+    page = first.content.decode()
+    assert "Discarded 2 message(s)." in page
+    assert "<strong>3</strong> matching messages still to go" in page
+    assert 'id="discard-matching-button"' in page and 'value="ttl storm"' in page
+    while (response := client.post(url, {"reason": "ttl storm"})).status_code == 200:
+        pass
+    assert response.status_code == 302 and response["Location"] == (
+        "/messages/?queue=app.junk&reason=expired"
+    )
+    assert [Message.objects.get(pk=m.pk).status for m in junk] == ["discarded"] * 5
+    assert Message.objects.get(pk=other.pk).status == "pending"
+    logged = Activity.objects.filter(action="discard", via="console")
+    assert logged.count() == 5 and {a.user_id for a in logged} == {operator.pk}
+    assert {a.detail["reason"] for a in logged} == {"ttl storm"}
+
+
+def test_discard_by_filter_needs_a_filter_and_an_operator(client, operator, viewer, wired):
+    message = stored_in(wired, "app.keep")
+    client.force_login(operator)
+    page = client.get("/messages/discard").content.decode()
+    assert 'id="discard-needs-filter"' in page and 'id="discard-matching-button"' not in page
+    client.post("/messages/discard", {"reason": "all of it"})
+    client.post("/messages/discard?kind=nonsense", {"reason": "x"})
+    client.force_login(viewer)
+    assert client.get("/messages/discard?queue=app.keep").status_code == 403
+    assert client.post("/messages/discard?queue=app.keep").status_code == 403
+    assert 'id="discard-for-filter"' not in client.get("/messages/?queue=app.keep").content.decode()
+    assert Message.objects.get(pk=message.pk).status == "pending"
+
+
 def test_bulk_input_is_checked(client, operator):
     client.force_login(operator)
     for data in [

@@ -261,3 +261,49 @@ def _reclaim_nothing_first(reclaim):
         return 0 if len(calls) == 1 else reclaim(self)
 
     return patched
+
+
+# ---- discard by filter beside replays -----------------------------------------------------------
+
+
+def test_a_discard_by_filter_skips_what_a_job_or_a_replay_holds(wired, operator):
+    """Claimed items (a running job) and rows locked by a replay in progress are left alone and
+    counted as remaining; once released, the next call discards them."""
+    import psycopg
+
+    from recovery.replay import discard_matching
+    from recovery.replay.store import database_conninfo
+
+    job, store, messages = populated("safe.discard", 30, operator)
+    claimed, _skipped, _left = store.claim(4, ["pending"])
+    held = {c.message_id for c in claimed}
+    locked = messages[-1].pk
+    with psycopg.connect(database_conninfo()) as other:  # a one-click replay's lock
+        other.execute("SELECT 1 FROM recovery_message WHERE id = %s FOR UPDATE", (locked,))
+        discarded, remaining = discard_matching(
+            operator, {"queue": "safe.discard"}, via="api", batch=7
+        )
+        assert (discarded, remaining) == (25, 5)
+    statuses = dict(Message.objects.filter(source_queue="safe.discard").values_list("pk", "status"))
+    assert {pk for pk, status in statuses.items() if status != "discarded"} == held | {locked}
+    assert Activity.objects.filter(action="discard", job=None).count() == 25
+
+    store.release([c.item_id for c in claimed])
+    store.close()
+    assert discard_matching(operator, {"queue": "safe.discard"}) == (5, 0)
+
+
+def test_a_job_never_sends_what_a_discard_by_filter_took_after_its_snapshot(wired, amqp, operator):
+    from recovery.replay import discard_matching
+
+    declare_app_queue(amqp, "safe.discarded")
+    job, store, _messages = populated("safe.discarded", 20, operator)
+    store.close()
+    assert discard_matching(operator, {"queue": "safe.discarded"}) == (20, 0)
+    ReplayJob.objects.filter(pk=job.pk).update(runner="")  # the snapshot's lease, given up
+
+    assert run(job) == "done"
+    assert (job.total, job.skipped, job.sent) == (20, 20, 0)
+    details = set(ReplayJobItem.objects.filter(job=job).values_list("detail", flat=True))
+    assert details == {"skipped: the message is discarded now"}
+    assert drain("safe.discarded") == []
