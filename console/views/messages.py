@@ -9,7 +9,7 @@ from django.db import OperationalError, transaction
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from console.access import operator_required, viewer_required
 from console.forms import BulkActionForm
@@ -137,6 +137,7 @@ def _discard_many(request, ids, reason):
 
 @login_required
 @operator_required
+@require_http_methods(["GET", "HEAD", "POST"])
 def message_discard_matching(request):
     """Discard everything the list's filter matches: GET counts and asks, POST discards (for
     a few seconds per request; the page offers to go on while some remain)."""
@@ -156,8 +157,6 @@ def message_discard_matching(request):
         flash.success(request, f"Discarded {discarded} message(s).")
         if not remaining:
             return redirect(reverse("messages") + "?" + query)
-    elif request.method not in ("GET", "HEAD", "POST"):
-        return redirect("messages")
     count = form.apply(Message.objects.filter(status__in=DISCARDABLE)).count() if named else 0
     return render(
         request,

@@ -170,6 +170,7 @@ class DiscardMatchingSerializer(serializers.Serializer):
 
 
 @extend_schema(
+    operation_id="v1_messages_discard_by_filter",
     summary="Discard every message matching a filter (soft; each one restorable)",
     request=DiscardMatchingRequestSerializer,
     responses={200: DiscardMatchingSerializer},

@@ -36,6 +36,9 @@ class Connections:
         self.management = management
         self.vhost = vhost
         self.run_prefix = f"{PREFIX}/{run_id}/"
+        # client connection name -> how many forced drops closed it (see close)
+        self._dropped = {}
+        self._lock = threading.Lock()
 
     def producer_name(self, index):
         return f"{self.run_prefix}producer/{index}"
@@ -77,24 +80,41 @@ class Connections:
         deadline = time.monotonic() + wait
         while True:
             names = [
-                server
+                (client, server)
                 for client, server in self.listed().items()
                 if client and client.startswith(targets)
             ]
             if names or time.monotonic() >= deadline:
                 break
             time.sleep(LISTING_POLL_S)
-        return sum(self._close(name) for name in names)
+        closed = 0
+        for client, server in names:
+            if self._close(server):
+                closed += 1
+                with self._lock:
+                    self._dropped[client] = self._dropped.get(client, 0) + 1
+        return closed
+
+    def _drops_of(self, connection_name):
+        with self._lock:
+            return self._dropped.get(connection_name, 0)
 
     def close(self, connection_name, wait=LISTING_WAIT_S):
-        """Force-close one named connection (a consumer crashing); False if never listed."""
+        """Force-close one named connection (a consumer crashing). True if it was closed, by
+        this call or by a forced drop that came meanwhile (a new connection is listed only
+        after a few seconds, and a drop may take it first: the ack is lost just the same);
+        False if it was never listed."""
+        drops = self._drops_of(connection_name)
         deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
+        while True:
             server = self.listed().get(connection_name)
-            if server is not None:
-                return self._close(server)
+            if server is not None and self._close(server):
+                return True
+            if self._drops_of(connection_name) > drops:
+                return True
+            if time.monotonic() >= deadline:
+                return False
             time.sleep(LISTING_POLL_S)
-        return False
 
 
 class Dropper(threading.Thread):
