@@ -202,6 +202,28 @@ def test_discard_by_filter_discards_every_match_and_logs_each(operator_api, wire
     assert again.json() == {"discarded": 1, "remaining": 0}
 
 
+def test_discard_by_filter_takes_a_search_and_a_time_range_too(operator_api, wired):
+    now = timezone.now()
+    hit = make_message(body=b'{"sku": "NEEDLE-7"}', collected_at=now)
+    old_hit = make_message(
+        body=b'{"sku": "needle-7"}', collected_at=now - datetime.timedelta(days=3)
+    )
+    miss = make_message(body=b'{"sku": "other"}', collected_at=now)
+    since = (now - datetime.timedelta(days=1)).isoformat()
+
+    response = operator_api.post(
+        "/api/v1/messages/discard", {"filters": {"q": "needle-7", "since": since}}
+    )
+
+    assert response.json() == {"discarded": 1, "remaining": 0}
+    statuses = dict(Message.objects.values_list("pk", "status"))
+    assert (statuses[hit.pk], statuses[old_hit.pk], statuses[miss.pk]) == (
+        "discarded",
+        "pending",
+        "pending",
+    )
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [
