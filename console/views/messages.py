@@ -21,8 +21,8 @@ from recovery.filters import (
     planner_settings,
 )
 from recovery.jobs import create_job
-from recovery.models import Message
-from recovery.replay import ReplayError, discard_matching, discard_message
+from recovery.models import Message, Status
+from recovery.replay import ReplayError, discard_matching, discard_message, restore_matching
 from recovery.replay.curation import DISCARDABLE
 
 PAGE_SIZE = 50
@@ -135,37 +135,47 @@ def _discard_many(request, ids, reason):
     return _back(request)
 
 
+# What the by-filter page does, per action: the function, which statuses it changes, words.
+BY_FILTER = {
+    "discard": (discard_matching, DISCARDABLE, "Discarded", "pending, poisoned or replayed"),
+    "restore": (restore_matching, (Status.DISCARDED,), "Restored", "discarded"),
+}
+
+
 @login_required
 @operator_required
 @require_http_methods(["GET", "HEAD", "POST"])
-def message_discard_matching(request):
-    """Discard everything the list's filter matches: GET counts and asks, POST discards (for
-    a few seconds per request; the page offers to go on while some remain)."""
+def message_by_filter(request, action):
+    """Discard (or restore) everything the list's filter matches: GET counts and asks, POST
+    acts (for a few seconds per request; the page offers to go on while some remain)."""
+    change, statuses, done, described = BY_FILTER[action]
     form = MessageFilterForm(request.GET)
     filters = form.cleaned_data if form.is_valid() else None
     # The filter as a query without the form's empty fields: for the list and this page's form.
     query = urlencode([(name, value) for name, value in request.GET.items() if value])
     named = filters is not None and any(v not in (None, "") for v in filters.values())
-    discarded = None
+    changed = None
     if request.method == "POST" and named:
-        reason = request.POST.get("reason", "")
+        extra = {"reason": request.POST.get("reason", "")} if action == "discard" else {}
         try:
-            discarded, remaining = discard_matching(request.user, filters, "console", reason)
+            changed, remaining = change(request.user, filters, "console", **extra)
         except ValidationError as exc:
             flash.error(request, "; ".join(exc.messages))
             return redirect(reverse("messages") + "?" + query)
-        flash.success(request, f"Discarded {discarded} message(s).")
+        flash.success(request, f"{done} {changed} message(s).")
         if not remaining:
             return redirect(reverse("messages") + "?" + query)
-    count = form.apply(Message.objects.filter(status__in=DISCARDABLE)).count() if named else 0
+    count = form.apply(Message.objects.filter(status__in=statuses)).count() if named else 0
     return render(
         request,
-        "messages/discard_matching.html",
+        "messages/by_filter.html",
         {
+            "action": action,
+            "described": described,
             "form": form,
             "named": named,
             "count": count,
-            "continuing": discarded is not None,
+            "continuing": changed is not None,
             "query": query,
             "reason": request.POST.get("reason", ""),
         },

@@ -28,9 +28,10 @@ from recovery.replay import (
     discard_message,
     edit_and_replay,
     replay_message,
+    restore_matching,
     restore_message,
 )
-from recovery.replay.curation import DISCARD_BUDGET_S
+from recovery.replay.curation import BY_FILTER_BUDGET_S
 
 FILTER_PARAMETERS = [MessageFilterParams]
 
@@ -152,21 +153,39 @@ def discard(request, pk):
     return Response(MessageSerializer(message).data)
 
 
-class DiscardMatchingRequestSerializer(serializers.Serializer):
+class ByFilterRequestSerializer(serializers.Serializer):
     filters = MessageFilterParams(
         help_text="The message filters, as for GET /messages; at least one."
     )
+
+
+class DiscardMatchingRequestSerializer(ByFilterRequestSerializer):
     reason = StrictCharField(
         required=False, allow_blank=True, max_length=1000, help_text="Why (kept in the activity)."
     )
 
 
+REMAINING_HELP = (
+    "Still matching: beyond this call's time budget, or held by a running replay. Call again "
+    "while it is above 0 and the last call changed some."
+)
+
+
 class DiscardMatchingSerializer(serializers.Serializer):
     discarded = serializers.IntegerField(help_text="Discarded by this call.")
-    remaining = serializers.IntegerField(
-        help_text="Still matching and discardable: beyond this call's time budget, or held by a "
-        "running replay. Call again while it is above 0 and the last call discarded some."
-    )
+    remaining = serializers.IntegerField(help_text=REMAINING_HELP)
+
+
+class RestoreMatchingSerializer(serializers.Serializer):
+    restored = serializers.IntegerField(help_text="Restored by this call.")
+    remaining = serializers.IntegerField(help_text=REMAINING_HELP)
+
+
+BY_FILTER_STEPS = (
+    f"oldest first, for up to {BY_FILTER_BUDGET_S:g} s per call; `remaining` says how many are "
+    "left. A message a running job or replay holds is skipped (it stays in `remaining`). Each "
+    "one is an activity row, as for one message. 400 without a filter."
+)
 
 
 @extend_schema(
@@ -175,9 +194,7 @@ class DiscardMatchingSerializer(serializers.Serializer):
     request=DiscardMatchingRequestSerializer,
     responses={200: DiscardMatchingSerializer},
     description="Pending, poisoned and replayed messages matching `filters` are discarded, "
-    f"oldest first, for up to {DISCARD_BUDGET_S:g} s per call; `remaining` says how many are "
-    "left. A message a running job or replay holds is skipped (it stays in `remaining`). Each "
-    "discard is an activity row, as for one message. 400 without a filter.",
+    + BY_FILTER_STEPS,
 )
 @api_view(["POST"])
 def discard_by_filter(request):
@@ -191,6 +208,22 @@ def discard_by_filter(request):
         reason=body.validated_data.get("reason", ""),
     )
     return Response({"discarded": discarded, "remaining": remaining})
+
+
+@extend_schema(
+    operation_id="v1_messages_restore_by_filter",
+    summary="Restore every discarded message matching a filter (undo a discard by filter)",
+    request=ByFilterRequestSerializer,
+    responses={200: RestoreMatchingSerializer},
+    description="Discarded messages matching `filters` get back the status they had, "
+    + BY_FILTER_STEPS,
+)
+@api_view(["POST"])
+def restore_by_filter(request):
+    body = ByFilterRequestSerializer(data=request.data)
+    body.is_valid(raise_exception=True)
+    restored, remaining = restore_matching(request.user, body.validated_data["filters"], via="api")
+    return Response({"restored": restored, "remaining": remaining})
 
 
 @extend_schema(

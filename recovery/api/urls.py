@@ -7,6 +7,7 @@ from recovery.api import audits, groups, messages, replay_jobs, tokens
 urlpatterns = [
     path("messages", messages.MessageList.as_view(), name="api-messages"),
     path("messages/discard", messages.discard_by_filter, name="api-messages-discard"),
+    path("messages/restore", messages.restore_by_filter, name="api-messages-restore"),
     path("messages/<int:pk>", messages.MessageDetail.as_view(), name="api-message"),
     path("messages/<int:pk>/replay", messages.replay, name="api-message-replay"),
     path("messages/<int:pk>/discard", messages.discard, name="api-message-discard"),

@@ -9,6 +9,7 @@ from recovery.replay.curation import (
     discard_matching,
     discard_message,
     edit_and_replay,
+    restore_matching,
     restore_message,
 )
 from recovery.replay.one import (
@@ -37,6 +38,7 @@ __all__ = [
     "edit_and_replay",
     "record_outcome",
     "replay_message",
+    "restore_matching",
     "restore_message",
     "wire_message",
 ]

@@ -1,5 +1,6 @@
-"""What an operator does to one stored message besides a plain replay: discard (soft, restorable),
-restore, and edit-then-replay. Every call is written to the activity log with the user."""
+"""What an operator does to stored messages besides a plain replay: discard (soft, restorable)
+and restore, one message or every match of a filter, and edit-then-replay. Every change is
+written to the activity log with the user, one row per message."""
 
 import binascii
 import json
@@ -7,7 +8,8 @@ import time
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Value
+from django.db.models.functions import Coalesce, NullIf
 from django.utils import timezone
 
 from recovery import headers as header_codec
@@ -63,30 +65,29 @@ def discard_message(message, user, via="console", reason=""):
     return Message.objects.get(pk=row.pk)
 
 
-# Messages per transaction of a discard by filter, and how long one call works before it reports
-# back (a console request or an API call; the caller calls again for the rest).
-DISCARD_BATCH = 500
-DISCARD_BUDGET_S = 5.0
+# Messages per transaction of a discard or restore by filter, and how long one call works
+# before it reports back (a console request or an API call; the caller calls again for the rest).
+BY_FILTER_BATCH = 500
+BY_FILTER_BUDGET_S = 5.0
 
 
-def discard_matching(user, filters, via="console", reason="", budget_s=None, batch=None):
-    """Soft-discard the pending, poisoned and replayed messages matching ``filters`` (cleaned
-    filter data, at least one filter), oldest id first, for about ``budget_s`` seconds (at
-    least one batch).
+def _by_filter(filters, statuses, change, budget_s, batch):
+    """Apply ``change(rows)`` to the messages in ``statuses`` matching ``filters`` (cleaned
+    filter data, at least one filter), in batches of ``batch``, oldest id first, for about
+    ``budget_s`` seconds (at least one batch). ``rows`` are (id, status) pairs.
 
-    Returns ``(discarded, remaining)``: ``remaining`` still match and are discardable (beyond
-    the budget, or held by a running job, or locked by a replay at that moment); call again
-    for them. Each batch is one transaction that locks its messages first and only then looks
-    for a job's claim, as ``discard_message`` does, so a message a job or a one-click replay
-    holds is skipped, never discarded under it. One ``discard`` activity row per message.
+    Returns ``(changed, remaining)``: ``remaining`` still match (beyond the budget, held by a
+    running job, or locked by a replay at that moment); call again for them. Each batch is one
+    transaction that locks its messages first and only then looks for a job's claim, as the
+    one-message actions do (``_locked``), so a message a job or a one-click replay holds is
+    skipped, never changed under it.
     """
     if not any(value not in (None, "") for value in filters.values()):
-        raise ValidationError({"filters": "name at least one filter: this discards every match"})
-    reason = (reason or "").strip()[:1000]
-    matching = apply_filters(Message.objects.filter(status__in=DISCARDABLE), filters)
-    deadline = time.monotonic() + (DISCARD_BUDGET_S if budget_s is None else budget_s)
-    batch = batch or DISCARD_BATCH
-    discarded, after = 0, 0
+        raise ValidationError({"filters": "name at least one filter: this changes every match"})
+    matching = apply_filters(Message.objects.filter(status__in=statuses), filters)
+    deadline = time.monotonic() + (BY_FILTER_BUDGET_S if budget_s is None else budget_s)
+    batch = batch or BY_FILTER_BATCH
+    changed, after = 0, 0
     while True:  # at least one batch per call, so every call gets somewhere
         with transaction.atomic():
             rows = list(
@@ -105,28 +106,71 @@ def discard_matching(user, filters, via="console", reason="", budget_s=None, bat
                 ).values_list("message_id", flat=True)
             )
             rows = [(pk, status) for pk, status in rows if pk not in held]
-            now = timezone.now()
-            Message.objects.filter(pk__in=[pk for pk, _status in rows]).update(
-                status=Status.DISCARDED,
-                status_before_discard=F("status"),
-                discarded_at=now,
-                status_reason=reason,
-                updated_at=now,
-            )
-            Activity.objects.bulk_create(
-                Activity(
-                    user=user,
-                    action="discard",
-                    message_id=pk,
-                    via=via,
-                    detail={"reason": reason, "previous_status": status, "message": pk},
-                )
-                for pk, status in rows
-            )
-            discarded += len(rows)
+            change(rows)
+            changed += len(rows)
         if time.monotonic() >= deadline:
             break
-    return discarded, matching.count()
+    return changed, matching.count()
+
+
+def discard_matching(user, filters, via="console", reason="", budget_s=None, batch=None):
+    """Soft-discard the pending, poisoned and replayed messages matching ``filters``, as
+    ``discard_message`` does one (restorable, one ``discard`` activity row each), in steps
+    (``_by_filter``); ``(discarded, remaining)``."""
+    reason = (reason or "").strip()[:1000]
+
+    def discard(rows):
+        now = timezone.now()
+        Message.objects.filter(pk__in=[pk for pk, _status in rows]).update(
+            status=Status.DISCARDED,
+            status_before_discard=F("status"),
+            discarded_at=now,
+            status_reason=reason,
+            updated_at=now,
+        )
+        Activity.objects.bulk_create(
+            Activity(
+                user=user,
+                action="discard",
+                message_id=pk,
+                via=via,
+                detail={"reason": reason, "previous_status": status, "message": pk},
+            )
+            for pk, status in rows
+        )
+
+    return _by_filter(filters, DISCARDABLE, discard, budget_s, batch)
+
+
+def restore_matching(user, filters, via="console", budget_s=None, batch=None):
+    """Undo the discard of every discarded message matching ``filters``, as
+    ``restore_message`` does one (each gets back the status it had; one ``restore`` activity
+    row each), in steps (``_by_filter``); ``(restored, remaining)``."""
+
+    def restore(rows):
+        ids = [pk for pk, _status in rows]
+        restored = dict(
+            Message.objects.filter(pk__in=ids).values_list("pk", "status_before_discard")
+        )
+        Message.objects.filter(pk__in=ids).update(
+            status=Coalesce(NullIf("status_before_discard", Value("")), Value(Status.PENDING)),
+            status_before_discard="",
+            discarded_at=None,
+            status_reason="",
+            updated_at=timezone.now(),
+        )
+        Activity.objects.bulk_create(
+            Activity(
+                user=user,
+                action="restore",
+                message_id=pk,
+                via=via,
+                detail={"restored_status": restored[pk] or Status.PENDING, "message": pk},
+            )
+            for pk in ids
+        )
+
+    return _by_filter(filters, (Status.DISCARDED,), restore, budget_s, batch)
 
 
 def restore_message(message, user, via="console"):

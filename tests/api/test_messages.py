@@ -202,6 +202,31 @@ def test_discard_by_filter_discards_every_match_and_logs_each(operator_api, wire
     assert again.json() == {"discarded": 1, "remaining": 0}
 
 
+def test_restore_by_filter_undoes_a_discard_by_filter(operator_api, wired):
+    statuses = ("pending", "poisoned", "replayed")
+    junk = [make_message(source_queue="oops.q", status=s) for s in statuses]
+    earlier = make_message(source_queue="other.q", status="pending")
+    operator_api.post(f"/api/v1/messages/{earlier.pk}/discard")
+    operator_api.post("/api/v1/messages/discard", {"filters": {"queue": "oops.q"}})
+    assert Message.objects.filter(status="discarded").count() == 4
+
+    response = operator_api.post(
+        "/api/v1/messages/restore", {"filters": {"queue": "oops.q", "status": "discarded"}}
+    )
+
+    assert response.status_code == 200, response.content
+    assert response.json() == {"restored": 3, "remaining": 0}
+    for before, message in zip(statuses, junk, strict=True):
+        message.refresh_from_db()
+        assert (message.status, message.status_before_discard) == (before, "")
+        assert message.discarded_at is None and message.status_reason == ""
+    assert Message.objects.get(pk=earlier.pk).status == "discarded"  # not in the filter
+    restores = Activity.objects.filter(action="restore", via="api")
+    assert sorted(a.detail["restored_status"] for a in restores) == sorted(statuses)
+    again = operator_api.post("/api/v1/messages/restore", {"filters": {"queue": "oops.q"}})
+    assert again.json() == {"restored": 0, "remaining": 0}
+
+
 def test_discard_by_filter_takes_a_search_and_a_time_range_too(operator_api, wired):
     now = timezone.now()
     hit = make_message(body=b'{"sku": "NEEDLE-7"}', collected_at=now)
@@ -240,13 +265,18 @@ def test_discard_by_filter_refuses_a_missing_or_bad_filter(operator_api, wired, 
     assert response.status_code == 400, response.content
     assert field in response.json()["errors"], response.json()
     assert Message.objects.get(pk=message.pk).status == "pending"
+    if field != "reason":
+        restore = operator_api.post("/api/v1/messages/restore", body)
+        assert restore.status_code == 400 and field in restore.json()["errors"]
 
 
-def test_discard_by_filter_is_for_operators(viewer_api, wired):
-    message = make_message(source_queue="v.q")
-    response = viewer_api.post("/api/v1/messages/discard", {"filters": {"queue": "v.q"}})
+@pytest.mark.parametrize("action", ["discard", "restore"])
+def test_discard_and_restore_by_filter_are_for_operators(viewer_api, wired, action):
+    status = "discarded" if action == "restore" else "pending"
+    message = make_message(source_queue="v.q", status=status)
+    response = viewer_api.post(f"/api/v1/messages/{action}", {"filters": {"queue": "v.q"}})
     assert response.status_code == 403
-    assert Message.objects.get(pk=message.pk).status == "pending"
+    assert Message.objects.get(pk=message.pk).status == status
 
 
 def test_a_delay_must_be_a_configured_one(operator_api, wired, settings):

@@ -26,6 +26,7 @@ ENDPOINTS = [
     ("POST", "/api/v1/messages/{message}/discard", OPERATOR, 200, {"reason": "matrix"}),
     ("POST", "/api/v1/messages/{discarded}/restore", OPERATOR, 200, None),
     ("POST", "/api/v1/messages/discard", OPERATOR, 200, {"filters": {"queue": "matrix.none"}}),
+    ("POST", "/api/v1/messages/restore", OPERATOR, 200, {"filters": {"queue": "matrix.none"}}),
     ("GET", "/api/v1/replay-jobs", VIEWER, 200, None),
     ("POST", "/api/v1/replay-jobs", OPERATOR, 201, {"message_ids": ["{message}"]}),
     ("POST", "/api/v1/replay-jobs/dry-run", VIEWER, 200, {"filters": {"queue": "matrix.q"}}),

@@ -26,6 +26,7 @@ OPERATOR_POSTS = [
     "/messages/{pk}/edit",
     "/messages/bulk",
     "/messages/discard?status=pending",
+    "/messages/restore?status=discarded",
     "/jobs/new",
 ]
 

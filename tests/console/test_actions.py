@@ -183,8 +183,8 @@ def test_discard_everything_a_filter_matches_asks_first_then_goes_on_in_steps(
     assert Message.objects.filter(status="discarded").count() == 0  # asking changes nothing
 
     # Steps of 2 and no time to spare: each POST does one step (at least one, always).
-    monkeypatch.setattr(curation, "DISCARD_BATCH", 2)
-    monkeypatch.setattr(curation, "DISCARD_BUDGET_S", 1e-9)
+    monkeypatch.setattr(curation, "BY_FILTER_BATCH", 2)
+    monkeypatch.setattr(curation, "BY_FILTER_BUDGET_S", 1e-9)
     first = client.post(url, {"reason": "ttl storm"})
     assert first.status_code == 200
     page = first.content.decode()
@@ -202,6 +202,16 @@ def test_discard_everything_a_filter_matches_asks_first_then_goes_on_in_steps(
     assert logged.count() == 5 and {a.user_id for a in logged} == {operator.pk}
     assert {a.detail["reason"] for a in logged} == {"ttl storm"}
 
+    # And back: the list of discarded ones offers to restore them all.
+    discarded = client.get("/messages/", {"queue": "app.junk", "status": "discarded"})
+    assert 'id="restore-for-filter"' in discarded.content.decode()
+    back = "/messages/restore?queue=app.junk&status=discarded"
+    assert "<strong>5</strong> discarded messages match" in client.get(back).content.decode()
+    while (response := client.post(back)).status_code == 200:
+        pass
+    assert [Message.objects.get(pk=m.pk).status for m in junk] == ["pending"] * 5
+    assert Activity.objects.filter(action="restore", via="console").count() == 5
+
 
 def test_discard_by_filter_needs_a_filter_and_an_operator(client, operator, viewer, wired):
     message = stored_in(wired, "app.keep")
@@ -214,6 +224,7 @@ def test_discard_by_filter_needs_a_filter_and_an_operator(client, operator, view
     assert client.get("/messages/discard?queue=app.keep").status_code == 403
     assert client.post("/messages/discard?queue=app.keep").status_code == 403
     assert 'id="discard-for-filter"' not in client.get("/messages/?queue=app.keep").content.decode()
+    assert client.post("/messages/restore?queue=app.keep").status_code == 403
     assert Message.objects.get(pk=message.pk).status == "pending"
 
 
