@@ -23,7 +23,7 @@ from recovery.filters import (
 from recovery.jobs import create_job
 from recovery.models import Message, Status
 from recovery.replay import ReplayError, discard_matching, discard_message, restore_matching
-from recovery.replay.curation import DISCARDABLE
+from recovery.replay.curation import DISCARDABLE, names_a_filter
 
 PAGE_SIZE = 50
 SEARCH_TIMEOUT_MS = 5000
@@ -78,6 +78,7 @@ def message_list(request):
         "next_before": next_before,
         "query": query,
         "job_query": filter_query,
+        "filtered": form.is_valid() and names_a_filter(form.cleaned_data),
         "paged": bool(request.GET.get("before")),
         "min_substring": MIN_SUBSTRING_LENGTH,
         "next": request.get_full_path(),
@@ -153,7 +154,7 @@ def message_by_filter(request, action):
     filters = form.cleaned_data if form.is_valid() else None
     # The filter as a query without the form's empty fields: for the list and this page's form.
     query = urlencode([(name, value) for name, value in request.GET.items() if value])
-    named = filters is not None and any(v not in (None, "") for v in filters.values())
+    named = filters is not None and names_a_filter(filters)
     changed = None
     if request.method == "POST" and named:
         extra = {"reason": request.POST.get("reason", "")} if action == "discard" else {}

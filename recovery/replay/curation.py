@@ -71,6 +71,11 @@ BY_FILTER_BATCH = 500
 BY_FILTER_BUDGET_S = 5.0
 
 
+def names_a_filter(filters):
+    """Whether cleaned filter data names at least one filter (by-filter changes need one)."""
+    return any(value not in (None, "") for value in filters.values())
+
+
 def _by_filter(filters, statuses, change, budget_s, batch):
     """Apply ``change(rows)`` to the messages in ``statuses`` matching ``filters`` (cleaned
     filter data, at least one filter), in batches of ``batch``, oldest id first, for about
@@ -82,7 +87,7 @@ def _by_filter(filters, statuses, change, budget_s, batch):
     one-message actions do (``_locked``), so a message a job or a one-click replay holds is
     skipped, never changed under it.
     """
-    if not any(value not in (None, "") for value in filters.values()):
+    if not names_a_filter(filters):
         raise ValidationError({"filters": "name at least one filter: this changes every match"})
     matching = apply_filters(Message.objects.filter(status__in=statuses), filters)
     deadline = time.monotonic() + (BY_FILTER_BUDGET_S if budget_s is None else budget_s)

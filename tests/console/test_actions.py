@@ -216,6 +216,8 @@ def test_discard_everything_a_filter_matches_asks_first_then_goes_on_in_steps(
 def test_discard_by_filter_needs_a_filter_and_an_operator(client, operator, viewer, wired):
     message = stored_in(wired, "app.keep")
     client.force_login(operator)
+    empty_form = "/messages/?kind=&queue=&reason=&status=&q="
+    assert 'id="discard-for-filter"' not in client.get(empty_form).content.decode()
     page = client.get("/messages/discard").content.decode()
     assert 'id="discard-needs-filter"' in page and 'id="discard-matching-button"' not in page
     client.post("/messages/discard", {"reason": "all of it"})
