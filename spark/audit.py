@@ -215,14 +215,7 @@ def audit_frames(
                 facts.bound_groups,
             )
         )
-        # One partition: the rollup is small, and a single partition satisfies every grouping
-        # and join of the outputs, so each output is one stage instead of a chain of shuffles.
-        # Computed here, eagerly, once.
-        rolled = (
-            rolled_up(pairs)
-            .repartition(1)
-            .localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
-        )
+        rolled = _checkpoint(rolled_up(pairs), one_partition=True)
     by_key, overall = metrics.nearest_rank_quantiles(metrics.latency_histogram(rolled).toArrow())
     malformed_by_hour = defaultdict(int)
     for window_ms, lines in facts.malformed:
@@ -270,19 +263,18 @@ def _folded_rollup(
 ) -> DataFrame:
     """The rollup of ``transforms.message_pairs``, plus that of the exact path's pairs for the
     messages the fold left (their lines picked out of the consumer logs again), checkpointed."""
-    # Computed here, eagerly, once. Kept in the rollup's partitions: the messages left for the
-    # exact path have a row each, and they could be many.
-    first_pass = rolled_up(
-        transforms.message_pairs(messages, day_start_ms, grace_ms, bound_groups),
-        ("exact",),
-    ).localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
+    # Kept in the rollup's partitions: the messages left for the exact path have a row each,
+    # and they could be many.
+    first_pass = _checkpoint(
+        rolled_up(
+            transforms.message_pairs(messages, day_start_ms, grace_ms, bound_groups), ("exact",)
+        )
+    )
     settled = first_pass.where("exact IS NULL").drop("exact")
     exact = first_pass.where("exact IS NOT NULL").select("exact.*")
     exact_messages = exact.count()
     if not exact_messages:
-        # One partition: the rollup is small, and a single partition satisfies every grouping
-        # and join of the outputs, so each output is one stage instead of a chain of shuffles.
-        return settled.coalesce(1)
+        return settled.coalesce(1)  # one partition, as _checkpoint's, without a second copy
     # The exact path: the messages the first pass could not fold, with their lines.
     ids = exact.select("message_id")
     lines = transforms.valid_lines(consumer_raw).join(
@@ -299,11 +291,16 @@ def _folded_rollup(
             bound_groups,
         )
     )
-    return (
-        settled.unionByName(rolled_up(pairs))
-        .repartition(1)
-        .localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
-    )
+    return _checkpoint(settled.unionByName(rolled_up(pairs)), one_partition=True)
+
+
+def _checkpoint(frame: DataFrame, one_partition: bool = False) -> DataFrame:
+    """``frame`` computed here, eagerly, once; the checkpoint cuts its lineage. The final
+    rollup goes in one partition: it is small, and a single partition satisfies every grouping
+    and join of the outputs, so each output is one stage instead of a chain of shuffles."""
+    if one_partition:
+        frame = frame.repartition(1)
+    return frame.localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
 
 
 def manifest_frame(spark: SparkSession, producer_files, consumer_files) -> DataFrame:

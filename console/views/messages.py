@@ -21,9 +21,9 @@ from recovery.filters import (
     planner_settings,
 )
 from recovery.jobs import create_job
-from recovery.models import Message, Status
+from recovery.models import Message
 from recovery.replay import ReplayError, discard_matching, discard_message, restore_matching
-from recovery.replay.curation import DISCARDABLE, names_a_filter
+from recovery.replay.curation import DISCARDABLE, RESTORABLE, names_a_filter
 
 PAGE_SIZE = 50
 SEARCH_TIMEOUT_MS = 5000
@@ -139,7 +139,7 @@ def _discard_many(request, ids, reason):
 # What the by-filter page does, per action: the function, which statuses it changes, words.
 BY_FILTER = {
     "discard": (discard_matching, DISCARDABLE, "Discarded", "pending, poisoned or replayed"),
-    "restore": (restore_matching, (Status.DISCARDED,), "Restored", "discarded"),
+    "restore": (restore_matching, RESTORABLE, "Restored", "discarded"),
 }
 
 

@@ -11,11 +11,11 @@ from rest_framework import generics, serializers
 from rest_framework.decorators import api_view
 from rest_framework.response import Response
 
-from recovery.api.messages import FILTER_PARAMETERS, filtered_messages
+from recovery.api.messages import FILTER_PARAMETERS
 from recovery.api.pagination import RowsCursorPagination
 from recovery.api.params import MessageFilterParams, validated
 from recovery.collector_health import collector_health
-from recovery.filters import apply_filters
+from recovery.filters import apply_filters, narrow_search
 from recovery.models import Kind, Message, MessageCount, Status
 
 
@@ -242,12 +242,12 @@ def rollup_groups(filters):
         return [dict(zip(GROUP_FIELDS, row, strict=True)) for row in cur.fetchall()]
 
 
-def message_groups(query_params):
+def message_groups(filters):
     """Every group's row, aggregated over the matching messages (a search, or since/until
     inside an hour: what the rollup cannot answer exactly)."""
     # The key hashes queue, reason and exception, so MAX() of each is the group's value.
     return list(
-        filtered_messages(query_params)
+        narrow_search(apply_filters(Message.objects.all(), filters), filters)
         .order_by()
         .values("group_key")
         .annotate(
@@ -288,7 +288,6 @@ class GroupList(generics.ListAPIView):
         filters = validated(MessageFilterParams, request.query_params)
         groups = rollup_groups(filters)
         if groups is None:
-            groups = message_groups(request.query_params)
-        groups.sort(key=_recently_seen_first)
+            groups = message_groups(filters)
         page = self.paginator.paginate_rows(groups, _recently_seen_first, request)
         return self.paginator.get_paginated_response(self.get_serializer(page, many=True).data)

@@ -43,21 +43,23 @@ class NewestFirstCursorPagination(StrictCursorPagination):
 
 
 class RowsCursorPagination(StrictCursorPagination):
-    """Cursor pagination over rows computed whole, in memory, already in their order.
+    """Cursor pagination over rows computed whole, in memory, ordered by ``sort_key``.
 
     For lists that are aggregates (a few hundred failure groups), not querysets. The cursor is
     the sort key of a page's edge row (``position`` below), so a page is found by binary search,
     and later pages stay right when rows are added in between, as with the queryset cursors.
-    ``sort_key(row)`` is a (str or int, ...) tuple, ascending in the rows' order.
+    ``sort_key(row)`` is a unique (str or int, ...) tuple.
     """
 
-    ordering = None  # the rows come ordered
+    ordering = None  # sort_key orders the rows
 
     def paginate_rows(self, rows, sort_key, request):
         self.request = request
         self.base_url = request.build_absolute_uri()
         self.page_size = self.get_page_size(request)
-        keys = [sort_key(row) for row in rows]
+        keyed = sorted(((sort_key(row), row) for row in rows), key=lambda pair: pair[0])
+        keys = [key for key, _row in keyed]
+        rows = [row for _key, row in keyed]
         cursor = self.decode_cursor(request)
         if cursor is None:
             start, end = 0, self.page_size

@@ -18,6 +18,7 @@ from recovery.models import Activity, Message, ReplayJobItem, Status
 from recovery.replay.one import StateError, holding_job, replay_message
 
 DISCARDABLE = (Status.PENDING, Status.POISONED, Status.REPLAYED)
+RESTORABLE = (Status.DISCARDED,)
 
 
 def _locked(message, statuses):
@@ -76,10 +77,11 @@ def names_a_filter(filters):
     return any(value not in (None, "") for value in filters.values())
 
 
-def _by_filter(filters, statuses, change, budget_s, batch):
-    """Apply ``change(rows)`` to the messages in ``statuses`` matching ``filters`` (cleaned
-    filter data, at least one filter), in batches of ``batch``, oldest id first, for about
-    ``budget_s`` seconds (at least one batch). ``rows`` are (id, status) pairs.
+def _by_filter(user, via, action, filters, statuses, column, updates, detail, budget_s, batch):
+    """``action`` for every message in ``statuses`` matching ``filters`` (cleaned filter data,
+    at least one filter), in batches of ``batch``, oldest id first, for about ``budget_s``
+    seconds (at least one batch): each batch's messages get ``updates(now)`` (an update's
+    fields) and an ``action`` activity row each, with ``detail(id, value of column)``.
 
     Returns ``(changed, remaining)``: ``remaining`` still match (beyond the budget, held by a
     running job, or locked by a replay at that moment); call again for them. Each batch is one
@@ -99,19 +101,24 @@ def _by_filter(filters, statuses, change, budget_s, batch):
                 matching.filter(pk__gt=after)
                 .order_by("pk")
                 .select_for_update(skip_locked=True, of=("self",))
-                .values_list("pk", "status")[:batch]
+                .values_list("pk", column)[:batch]
             )
             if not rows:
                 break
             after = rows[-1][0]
             held = set(
                 ReplayJobItem.objects.filter(
-                    message_id__in=[pk for pk, _status in rows],
+                    message_id__in=[pk for pk, _value in rows],
                     state=ReplayJobItem.State.CLAIMED,
                 ).values_list("message_id", flat=True)
             )
-            rows = [(pk, status) for pk, status in rows if pk not in held]
-            change(rows)
+            rows = [(pk, value) for pk, value in rows if pk not in held]
+            now = timezone.now()
+            Message.objects.filter(pk__in=[pk for pk, _value in rows]).update(**updates(now))
+            Activity.objects.bulk_create(
+                Activity(user=user, action=action, message_id=pk, via=via, detail=detail(pk, value))
+                for pk, value in rows
+            )
             changed += len(rows)
         if time.monotonic() >= deadline:
             break
@@ -123,59 +130,48 @@ def discard_matching(user, filters, via="console", reason="", budget_s=None, bat
     ``discard_message`` does one (restorable, one ``discard`` activity row each), in steps
     (``_by_filter``); ``(discarded, remaining)``."""
     reason = (reason or "").strip()[:1000]
-
-    def discard(rows):
-        now = timezone.now()
-        Message.objects.filter(pk__in=[pk for pk, _status in rows]).update(
-            status=Status.DISCARDED,
-            status_before_discard=F("status"),
-            discarded_at=now,
-            status_reason=reason,
-            updated_at=now,
-        )
-        Activity.objects.bulk_create(
-            Activity(
-                user=user,
-                action="discard",
-                message_id=pk,
-                via=via,
-                detail={"reason": reason, "previous_status": status, "message": pk},
-            )
-            for pk, status in rows
-        )
-
-    return _by_filter(filters, DISCARDABLE, discard, budget_s, batch)
+    return _by_filter(
+        user,
+        via,
+        "discard",
+        filters,
+        DISCARDABLE,
+        "status",
+        lambda now: {
+            "status": Status.DISCARDED,
+            "status_before_discard": F("status"),
+            "discarded_at": now,
+            "status_reason": reason,
+            "updated_at": now,
+        },
+        lambda pk, status: {"reason": reason, "previous_status": status, "message": pk},
+        budget_s,
+        batch,
+    )
 
 
 def restore_matching(user, filters, via="console", budget_s=None, batch=None):
     """Undo the discard of every discarded message matching ``filters``, as
     ``restore_message`` does one (each gets back the status it had; one ``restore`` activity
     row each), in steps (``_by_filter``); ``(restored, remaining)``."""
-
-    def restore(rows):
-        ids = [pk for pk, _status in rows]
-        restored = dict(
-            Message.objects.filter(pk__in=ids).values_list("pk", "status_before_discard")
-        )
-        Message.objects.filter(pk__in=ids).update(
-            status=Coalesce(NullIf("status_before_discard", Value("")), Value(Status.PENDING)),
-            status_before_discard="",
-            discarded_at=None,
-            status_reason="",
-            updated_at=timezone.now(),
-        )
-        Activity.objects.bulk_create(
-            Activity(
-                user=user,
-                action="restore",
-                message_id=pk,
-                via=via,
-                detail={"restored_status": restored[pk] or Status.PENDING, "message": pk},
-            )
-            for pk in ids
-        )
-
-    return _by_filter(filters, (Status.DISCARDED,), restore, budget_s, batch)
+    return _by_filter(
+        user,
+        via,
+        "restore",
+        filters,
+        RESTORABLE,
+        "status_before_discard",
+        lambda now: {
+            "status": Coalesce(NullIf("status_before_discard", Value("")), Value(Status.PENDING)),
+            "status_before_discard": "",
+            "discarded_at": None,
+            "status_reason": "",
+            "updated_at": now,
+        },
+        lambda pk, before: {"restored_status": before or Status.PENDING, "message": pk},
+        budget_s,
+        batch,
+    )
 
 
 def restore_message(message, user, via="console"):
@@ -184,7 +180,7 @@ def restore_message(message, user, via="console"):
     Raises StateError if the message is not discarded. Returns the updated Message.
     """
     with transaction.atomic():
-        row = _locked(message, (Status.DISCARDED,))
+        row = _locked(message, RESTORABLE)
         status = row.status_before_discard or Status.PENDING
         Message.objects.filter(pk=row.pk).update(
             status=status,
