@@ -10,8 +10,9 @@ run: setup
 # they run after the rest, alone.
 test: setup
 	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
 	.venv/bin/python -m pytest -m "not disruptive"
-	.venv/bin/python -m pytest -m disruptive
+	.venv/bin/python -m pytest --run-disruptive -m disruptive
 
 lint:
 	.venv/bin/ruff check .

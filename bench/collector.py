@@ -19,7 +19,7 @@ processes only ever slows a run down). Prints, never asserts; also the CPU per m
 collector processes and of their PostgreSQL backends against the baseline's, which load on
 the machine disturbs far less than the rates.
 
-After each drain the search indexer (recovery.search_index) indexes the drained rows and its
+After each drain the search indexer (recovery.search.index) indexes the drained rows and its
 rate is printed: the collector no longer pays for the trigram search index, the indexer does,
 right behind it (Celery beat), so this is the rate at which search catches up with a drain.
 
@@ -60,9 +60,9 @@ from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 
 from bench._cpu import cpu_seconds, process_tree, tree_cpu_seconds  # noqa: E402
-from recovery.broker import Management  # noqa: E402
-from recovery.collector_processes import collector_process_count  # noqa: E402
-from recovery.topology import wire  # noqa: E402
+from recovery.broker.management import Management  # noqa: E402
+from recovery.broker.topology import wire  # noqa: E402
+from recovery.collector.processes import collector_process_count  # noqa: E402
 
 BASELINE = Path("/work/shared/bench/drain_baseline.py")
 BODY = b"x" * 1024
@@ -209,7 +209,7 @@ def drain(vhost, n, args, sample_rss=False):
     samples = []
     log_path = ROOT / "var" / f"bench-collector-{os.getpid()}.log"
     if args.in_process:
-        from recovery.collector import start_collectors, stop_collectors
+        from recovery.collector.consumer import start_collectors, stop_collectors
 
         settings.RECOVERY_VHOSTS = [vhost]
         tunables = {k: v for k, v in (("prefetch", args.prefetch), ("batch_size", args.batch)) if v}
@@ -282,7 +282,7 @@ def index_drained():
     """Run the search indexer over the drained rows; its rate in messages per second."""
     from django.db import connection
 
-    from recovery import search_index
+    from recovery.search import index as search_index
 
     connection.close()  # a fresh connection to the bench database
     started = time.perf_counter()

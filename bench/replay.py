@@ -55,13 +55,13 @@ from django.core.management import call_command  # noqa: E402
 from django.db.models import Max, Min  # noqa: E402
 
 from bench._cpu import CpuMeter  # noqa: E402
-from recovery.broker import Management  # noqa: E402
-from recovery.ingest import delivery_to_row, store_rows  # noqa: E402
-from recovery.jobs import create_job  # noqa: E402
+from recovery.broker.management import Management  # noqa: E402
+from recovery.broker.topology import wire  # noqa: E402
+from recovery.collector.rows import delivery_to_row, store_rows  # noqa: E402
+from recovery.db import database_conninfo  # noqa: E402
 from recovery.models import ReplayAttempt  # noqa: E402
+from recovery.replay.jobs import create_job  # noqa: E402
 from recovery.replay.runner import JobRunner  # noqa: E402
-from recovery.replay.store import database_conninfo  # noqa: E402
-from recovery.topology import wire  # noqa: E402
 
 BASELINE = Path("/work/shared/bench/broker_baseline.py")
 BODY = b"x" * 1024

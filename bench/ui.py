@@ -50,12 +50,12 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.test import Client  # noqa: E402
 
-from recovery import search_index  # noqa: E402
-from recovery.broker import Management  # noqa: E402
-from recovery.collector import database_conninfo  # noqa: E402
-from recovery.ingest import ROW_COLUMNS, failure_group  # noqa: E402
+from recovery.broker.management import Management  # noqa: E402
+from recovery.broker.topology import wire  # noqa: E402
+from recovery.collector.rows import ROW_COLUMNS, failure_group  # noqa: E402
+from recovery.db import database_conninfo  # noqa: E402
 from recovery.models import MessageCount  # noqa: E402
-from recovery.topology import wire  # noqa: E402
+from recovery.search import index as search_index  # noqa: E402
 
 # groups (GET /api/v1/groups) has no target in the issues: an aggregate like the overview, it is
 # held to the overview's.

@@ -8,14 +8,14 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 
 app = Celery("lazarus")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["recovery"])
-# Task modules beside recovery/tasks.py, imported when a worker starts. Every beat entry's task
-# must live in one of them (tests/test_health_and_worker.py checks it in a fresh interpreter).
+# Each domain package keeps its tasks in its own ``tasks`` module (found when the app finalizes);
+# the counts rollup has a module of its own. Every beat entry's task must live in one of them
+# (tests/test_health_and_worker.py checks it in a fresh interpreter).
+TASK_PACKAGES = ["recovery.collector", "recovery.replay", "recovery.audit", "recovery.search"]
+app.autodiscover_tasks(TASK_PACKAGES)
 app.conf.imports = [
-    "recovery.audit_tasks",
-    "recovery.count_tasks",
-    "recovery.outbox_tasks",
-    "recovery.search_tasks",
+    *(f"{package}.tasks" for package in TASK_PACKAGES),
+    "recovery.search.count_tasks",
 ]
 
 app.user_options["worker"].add(
@@ -26,7 +26,7 @@ app.user_options["worker"].add(
     )
 )
 
-from recovery.bootsteps import CollectorStep  # noqa: E402
+from recovery.collector.bootsteps import CollectorStep  # noqa: E402
 
 app.steps["worker"].add(CollectorStep)
 

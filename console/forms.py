@@ -7,9 +7,9 @@ from django.conf import settings
 from django.contrib.auth import get_user_model, password_validation
 from django.core.exceptions import ValidationError
 
-from recovery import headers as header_codec
-from recovery.filters import MessageFilterForm
+from recovery.client import headers as header_codec
 from recovery.models import Role
+from recovery.search.filters import MessageFilterForm
 
 MAX_BULK_IDS = 1000
 
@@ -69,7 +69,7 @@ class DiscardForm(forms.Form):
 
 
 class EditReplayForm(TargetForm):
-    """Edit headers (tagged JSON, recovery.headers) and a text body, then replay once."""
+    """Edit headers (tagged JSON, recovery.client.headers) and a text body, then replay once."""
 
     headers = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 12, "spellcheck": "false"}),
@@ -231,7 +231,7 @@ class JobForm(MessageFilterForm):
 
 
 class ActivityFilterForm(forms.Form):
-    # What recovery.replay, recovery.jobs, the job runner, the API and this console log.
+    # What recovery.replay, recovery.replay.jobs, the job runner, the API and this console log.
     ACTIONS = [
         ("", "any"),
         ("replay", "replay"),
@@ -353,7 +353,7 @@ ENGINE_FIELD_NAMES = {
 
 
 def add_engine_errors(form, error):
-    """Put a ValidationError raised by recovery.jobs / recovery.replay onto ``form``."""
+    """Put a ValidationError raised by recovery.replay.jobs / recovery.replay onto ``form``."""
     if not hasattr(error, "error_dict"):
         form.add_error(None, error.messages)
         return

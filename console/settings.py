@@ -272,7 +272,8 @@ COLLECTOR_BATCH_SIZE = env_int("COLLECTOR_BATCH_SIZE", 500, minimum=1)
 COLLECTOR_FLUSH_SECONDS = env_float("COLLECTOR_FLUSH_SECONDS", 0.2)
 COLLECTOR_MAX_BODY_BYTES = env_int("COLLECTOR_MAX_BODY_BYTES", 64 * 1024 * 1024, minimum=1)
 # Bytes the prefetch window may hold per source: RabbitMQ's prefetch counts messages, so the
-# collector derives the count from this and the body sizes it sees (recovery.collector.Window).
+# collector derives the count from this and the body sizes it sees
+# (recovery.collector.consumer.Window).
 COLLECTOR_PREFETCH_BYTES = env_int("COLLECTOR_PREFETCH_BYTES", 64 * 1024 * 1024, minimum=1)
 # Database writers per collector process, shared by all its sources and vhosts. Most of a
 # batch's time is PostgreSQL maintaining the store's indexes, in its own process: a second writer

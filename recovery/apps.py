@@ -6,6 +6,6 @@ class RecoveryConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from recovery import amqp_floats
+        from recovery.broker import codec as amqp_floats
 
         amqp_floats.install()

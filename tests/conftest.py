@@ -12,7 +12,29 @@ import pika
 import pytest
 from django.conf import settings
 
-from recovery.broker import Management
+from recovery.broker.management import Management
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--run-disruptive",
+        action="store_true",
+        help="also run the tests marked disruptive (they restart the shared PostgreSQL/RabbitMQ)",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    """A plain ``pytest`` never restarts a shared service in the middle of a suite: disruptive
+    tests run only with ``--run-disruptive`` (``make test`` runs them in a session of their own,
+    after the rest). ``-m disruptive`` alone selects them but still skips them."""
+    if config.getoption("--run-disruptive"):
+        return
+    skip = pytest.mark.skip(
+        reason="restarts a shared service; run alone with --run-disruptive -m disruptive"
+    )
+    for item in items:
+        if "disruptive" in item.keywords:
+            item.add_marker(skip)
 
 
 def wait_for(predicate, timeout=15.0, interval=0.05, message="condition"):
@@ -23,6 +45,15 @@ def wait_for(predicate, timeout=15.0, interval=0.05, message="condition"):
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+
+
+def point_celery_at(url):
+    """Send this process's Celery tasks to ``url`` (dropping pools made for another URL)."""
+    from console.celery import app
+
+    app.conf.broker_url = url
+    app._pool = None  # not closed: kombu's shared producer pools may still hold it
+    app.amqp._producer_pool = None
 
 
 @pytest.fixture(scope="session")
@@ -42,7 +73,7 @@ def test_vhost():
 
 @pytest.fixture(scope="session")
 def wired(test_vhost):
-    from recovery.topology import wire
+    from recovery.broker.topology import wire
 
     wire(test_vhost)
     return test_vhost
@@ -59,7 +90,7 @@ def amqp(wired):
 @pytest.fixture
 def clean_queues(wired):
     """Empty the recovery queues before a test (a previous test may have left messages)."""
-    from recovery.topology import Names
+    from recovery.broker.topology import Names
 
     connection = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
     channel = connection.channel()
@@ -72,7 +103,7 @@ def clean_queues(wired):
 @pytest.fixture
 def collector(transactional_db, wired, clean_queues):
     """The real collector threads, draining this session's vhost into the test database."""
-    from recovery.collector import start_collectors, stop_collectors
+    from recovery.collector.consumer import start_collectors, stop_collectors
 
     stop_event, threads = start_collectors(flush_seconds=0.05)
     yield threads

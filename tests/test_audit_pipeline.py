@@ -7,7 +7,7 @@ import json
 import pytest
 from django.core.management import call_command
 
-from recovery.audit import export_store
+from recovery.audit.run import export_store
 from recovery.models import AuditEvidence, AuditRun, Message
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -144,7 +144,7 @@ def test_it_audits_a_day_and_keeps_revisions(logs):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_failed_spark_run_is_recorded_not_hidden(tmp_path):
-    from recovery.audit import run_audit
+    from recovery.audit.run import run_audit
 
     run = run_audit(
         DAY,

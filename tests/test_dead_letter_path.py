@@ -193,8 +193,9 @@ def test_a_redelivered_dead_letter_does_not_create_a_second_row(wired, clean_que
     """A collector that committed but crashed before its ack: the broker redelivers."""
     import psycopg
 
-    from recovery.collector import database_conninfo, start_collectors, stop_collectors
-    from recovery.ingest import delivery_to_row, store_rows
+    from recovery.collector.consumer import start_collectors, stop_collectors
+    from recovery.collector.rows import delivery_to_row, store_rows
+    from recovery.db import database_conninfo
 
     declare_app_queue(amqp, "app.redeliver")
     publish(amqp, "app.redeliver", b"once", message_id="re-1")
@@ -223,8 +224,8 @@ def test_a_redelivered_dead_letter_does_not_create_a_second_row(wired, clean_que
 
 @pytest.mark.django_db(transaction=True)
 def test_wire_makes_matching_queues_dead_letter_by_policy(collector, amqp, wired):
-    from recovery.broker import Management
-    from recovery.topology import wire
+    from recovery.broker.management import Management
+    from recovery.broker.topology import wire
 
     wire(wired, queues_regex=r"^policy\.")
     amqp.queue_delete("policy.orders")

@@ -2,8 +2,8 @@ from django.db import connection
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
-from recovery import search_index
-from recovery.collector_health import collector_health
+from recovery.collector.health import collector_health
+from recovery.search import index as search_index
 
 
 @require_GET

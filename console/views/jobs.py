@@ -10,9 +10,9 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from console.access import operator_required, viewer_required
 from console.forms import JobForm, add_engine_errors
 from console.views.paging import newest_first_page, query_without
-from recovery.jobs import create_job, describe_target, dry_run
+from recovery.errors import ReplayError
 from recovery.models import Message, ReplayJob, Role, has_role
-from recovery.replay import ReplayError
+from recovery.replay.jobs import create_job, describe_target, dry_run
 
 PAGE_SIZE = 50
 POLL_SECONDS = 1

@@ -12,12 +12,11 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from console.access import operator_required, viewer_required
 from console.forms import DiscardForm, EditReplayForm, TargetForm, add_engine_errors
-from recovery import headers as header_codec
+from recovery.client import headers as header_codec
+from recovery.errors import BrokerUnavailable, ReplayError
 from recovery.models import Message
 from recovery.replay import (
     STRIPPED_HEADERS,
-    BrokerUnavailable,
-    ReplayError,
     discard_message,
     edit_and_replay,
     replay_message,

@@ -14,16 +14,17 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from console.access import operator_required, viewer_required
 from console.forms import BulkActionForm
 from console.views.paging import newest_first_page, query_without
-from recovery.filters import (
+from recovery.errors import ReplayError
+from recovery.models import Message
+from recovery.replay import discard_matching, discard_message, restore_matching
+from recovery.replay.curation import DISCARDABLE, RESTORABLE, names_a_filter
+from recovery.replay.jobs import create_job
+from recovery.search.filters import (
     MIN_SUBSTRING_LENGTH,
     MessageFilterForm,
     narrow_search,
     planner_settings,
 )
-from recovery.jobs import create_job
-from recovery.models import Message
-from recovery.replay import ReplayError, discard_matching, discard_message, restore_matching
-from recovery.replay.curation import DISCARDABLE, RESTORABLE, names_a_filter
 
 PAGE_SIZE = 50
 SEARCH_TIMEOUT_MS = 5000

@@ -18,10 +18,11 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from console.access import viewer_required
-from recovery.broker import Management, ManagementError
-from recovery.collector_health import collector_health
+from recovery.broker.management import Management
+from recovery.broker.topology import DLX_POLICY, Names
+from recovery.collector.health import collector_health
+from recovery.errors import ManagementError
 from recovery.models import Activity, Kind, MessageCount, Status
-from recovery.topology import DLX_POLICY, Names
 
 TOP_SOURCES = 15
 MANAGEMENT_TIMEOUT_SECONDS = 3

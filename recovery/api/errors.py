@@ -111,7 +111,7 @@ def exception_handler(exc, context):
     request = context.get("request")
     instance = request.path if request is not None else ""
     if isinstance(exc, DjangoValidationError):
-        # Domain code (recovery.jobs, recovery.replay) raises Django's ValidationError.
+        # Domain code (recovery.replay.jobs, recovery.replay) raises Django's ValidationError.
         exc = exceptions.ValidationError(django_error_detail(exc))
     response = drf_exception_handler(exc, context)
     if response is None:

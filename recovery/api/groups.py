@@ -14,9 +14,9 @@ from rest_framework.response import Response
 from recovery.api.messages import FILTER_PARAMETERS
 from recovery.api.pagination import RowsCursorPagination
 from recovery.api.params import MessageFilterParams, validated
-from recovery.collector_health import collector_health
-from recovery.filters import apply_filters, narrow_search
+from recovery.collector.health import collector_health
 from recovery.models import Kind, Message, MessageCount, Status
+from recovery.search.filters import apply_filters, narrow_search
 
 
 class GroupSerializer(serializers.Serializer):

@@ -18,12 +18,9 @@ from recovery.api.serializers import (
     ReplayAttemptSerializer,
     ReplayRequestSerializer,
 )
-from recovery.filters import apply_filters, narrow_search
+from recovery.errors import BrokerUnavailable, ReplayError, StateError
 from recovery.models import Message, ReplayAttempt
 from recovery.replay import (
-    BrokerUnavailable,
-    ReplayError,
-    StateError,
     discard_matching,
     discard_message,
     edit_and_replay,
@@ -32,12 +29,13 @@ from recovery.replay import (
     restore_message,
 )
 from recovery.replay.curation import BY_FILTER_BUDGET_S
+from recovery.search.filters import apply_filters, narrow_search
 
 FILTER_PARAMETERS = [MessageFilterParams]
 
 
 def filtered_messages(query_params, queryset=None):
-    """Messages matching the shared filters (recovery.filters.apply_filters).
+    """Messages matching the shared filters (recovery.search.filters.apply_filters).
 
     A substring search is narrowed through the trigram index first (``narrow_search``), so a
     rare term pages as fast as a common one instead of walking the whole store newest-first.

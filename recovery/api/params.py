@@ -12,7 +12,7 @@ from django import forms
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from recovery.filters import MessageFilterForm
+from recovery.search.filters import MessageFilterForm
 
 RFC3339 = re.compile(
     r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$", re.ASCII
@@ -115,7 +115,7 @@ MessageFilterParams = type(
     (serializers.Serializer,),
     {name: _strict_field(name, field) for name, field in MessageFilterForm.base_fields.items()},
 )
-MessageFilterParams.__doc__ = "The message filters of recovery.filters, as query parameters."
+MessageFilterParams.__doc__ = "The message filters of recovery.search.filters, as query parameters."
 
 
 def validated(params_serializer, query_params):

@@ -1,5 +1,5 @@
 """replay-jobs: bulk replay by filter, ids or failure group — create, preview, list, watch, cancel,
-resume. The engine (``recovery.jobs``, ``recovery.replay.runner``) does the work; this module
+resume. The engine (``recovery.replay.jobs``, ``recovery.replay.runner``) does the work; this module
 validates the request, calls it and describes it.
 """
 
@@ -10,7 +10,6 @@ from rest_framework import generics, serializers, status
 from rest_framework.decorators import api_view, permission_classes
 from rest_framework.response import Response
 
-from recovery import jobs
 from recovery.api.errors import problem_response
 from recovery.api.idempotency import idempotent
 from recovery.api.pagination import StrictCursorPagination
@@ -25,8 +24,9 @@ from recovery.api.params import (
 )
 from recovery.api.permissions import requires
 from recovery.api.schema import IDEMPOTENCY_KEY
+from recovery.errors import StateError
 from recovery.models import ReplayJob, Role
-from recovery.replay import StateError
+from recovery.replay import jobs
 
 # Named for SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"].
 ReplayJobState = ReplayJob.State
@@ -82,7 +82,7 @@ class JobRequestSerializer(serializers.Serializer):
     )
 
     def engine_arguments(self):
-        """Keyword arguments of recovery.jobs.create_job / dry_run."""
+        """Keyword arguments of recovery.replay.jobs.create_job / dry_run."""
         data = dict(self.validated_data)
         if "filters" in data:
             data["filters"] = {

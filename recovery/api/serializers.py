@@ -5,8 +5,8 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from recovery import headers as header_codec
 from recovery.api.params import StrictCharField, StrictIntegerChoiceField
+from recovery.client import headers as header_codec
 from recovery.models import Message, ReplayAttempt
 
 

@@ -9,7 +9,7 @@ message as ``sending`` before it goes on the wire and ``sent`` once the broker a
 ``given_up`` once handed to Lazarus); a producer that crashes with messages in flight resends them
 on its next start (``SendingStore.unfinished``, the compensation sweep).
 
-Properties and headers are stored in the recovery store's JSON form (``recovery.headers``, a
+Properties and headers are stored in the recovery store's JSON form (``recovery.client.headers``, a
 stdlib-only codec) so a value keeps its AMQP type on the way back to the wire.
 """
 
@@ -20,7 +20,7 @@ import pika
 import psycopg
 from psycopg.types.json import Jsonb
 
-from recovery import headers as header_codec
+from recovery.client import headers as header_codec
 
 log = logging.getLogger(__name__)
 

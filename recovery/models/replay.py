@@ -1,12 +1,24 @@
 """Replays: attempts, bulk jobs and their items, edited versions."""
 
+import logging
 import uuid
+from datetime import timedelta
 
+from celery import current_app
 from django.conf import settings
-from django.db import models
+from django.db import models, transaction
+from django.db.models import Q
 from django.utils import timezone
 
+from recovery.errors import StateError
+from recovery.models.access import Activity
 from recovery.models.store import Message
+
+log = logging.getLogger(__name__)
+
+# The Celery task that runs a job (recovery.replay.tasks). Sent by name: the task module imports
+# the runner, which imports these models.
+RUN_JOB_TASK = "recovery.tasks.run_replay_job"
 
 # The log tables (ReplayAttempt, Activity) keep their references without database foreign keys:
 # a bulk replay writes one row of each per message, and PostgreSQL checks every foreign key of
@@ -56,7 +68,8 @@ class ReplayJob(models.Model):
     """A bulk replay: a selection snapshot, a target, a rate, and its progress.
 
     The engine is ``recovery.replay.runner.JobRunner`` (run by the Celery task
-    ``recovery.tasks.run_replay_job``); jobs are made by ``recovery.jobs.create_job``. One runner
+    ``recovery.tasks.run_replay_job``); jobs are made by ``recovery.replay.jobs.create_job``.
+    One runner
     holds a job at a time (``runner`` + ``heartbeat_at`` form its lease); the messages it covers are
     ``ReplayJobItem`` rows, claimed in batches with ``FOR UPDATE SKIP LOCKED``.
     """
@@ -68,6 +81,9 @@ class ReplayJob(models.Model):
         CANCELLED = "cancelled"
         DONE = "done"
         FAILED = "failed"
+
+    # The states a job can still be cancelled from.
+    ACTIVE = (State.QUEUED, State.RUNNING, State.PAUSED)
 
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
@@ -95,7 +111,7 @@ class ReplayJob(models.Model):
     target_queue = models.CharField(max_length=255, blank=True, null=True)
     delay_seconds = models.IntegerField(null=True, blank=True)
     via = models.CharField(max_length=8, default="console", db_default="console")
-    # Statuses a message may have to be sent by this job, fixed at creation (recovery.jobs).
+    # Statuses a message may have to be sent by this job, fixed at creation (recovery.replay.jobs).
     allowed_statuses = models.JSONField(default=list, blank=True, db_default=[])
     # Canary: the first canary_size messages, then a pause, then continue only if fewer than
     # canary_max_failure_pct % of them came back dead-lettered.
@@ -157,23 +173,98 @@ class ReplayJob(models.Model):
     def cancel(self, user, via="console"):
         """Stop the job for good. Messages not yet sent stay as they are (pending).
 
-        Raises recovery.replay.JobStateError if it already ended. A running job stops within a
-        second: what is in flight is confirmed and recorded first. Logged as ``job_cancel``.
+        Raises StateError if it already ended. A running job stops within a second: what is in
+        flight is confirmed and recorded first. Logged as ``job_cancelled``.
         """
-        from recovery.jobs import cancel_job
-
-        return cancel_job(self, user, via)
+        now = timezone.now()
+        with transaction.atomic():
+            updated = ReplayJob.objects.filter(pk=self.pk, state__in=self.ACTIVE).update(
+                state=ReplayJob.State.CANCELLED,
+                state_reason=f"cancelled by {_name(user)}",
+                finished_at=now,
+            )
+            if not updated:
+                state = ReplayJob.objects.filter(pk=self.pk).values_list("state", flat=True).first()
+                raise StateError(
+                    f"job #{self.pk} is {state}; "
+                    "only queued, running or paused jobs can be cancelled"
+                )
+            Activity.objects.create(user=user, action="job_cancelled", job_id=self.pk, via=via)
+        ReplayJob.release_orphaned_claims(self.pk)
+        self.refresh_from_db()
+        return self
 
     def resume(self, user, via="console"):
         """Continue a paused job (canary or circuit breaker pause, or a manual pause).
 
         Resuming after a canary pause counts as the operator accepting the canary; after a
-        breaker pause the breaker counts afresh from now. Raises JobStateError unless paused.
-        Logged as ``job_resume``.
+        breaker pause the breaker counts afresh from now. Raises StateError unless paused.
+        Logged as ``job_resumed``.
         """
-        from recovery.jobs import resume_job
+        with transaction.atomic():
+            locked = ReplayJob.objects.select_for_update().get(pk=self.pk)
+            if locked.state != ReplayJob.State.PAUSED:
+                raise StateError(
+                    f"job #{self.pk} is {locked.state}; only a paused job can be resumed"
+                )
+            accepted_canary = locked.canary_size > 0 and locked.canary_passed_at is None
+            locked.state = ReplayJob.State.QUEUED
+            locked.state_reason = f"resumed by {_name(user)}"
+            # The breaker judges what happens from now on, not the deaths that tripped it.
+            locked.breaker_base_confirmed = locked.confirmed
+            locked.breaker_base_dead = locked.dead_again
+            if accepted_canary:
+                locked.canary_passed_at = timezone.now()
+            locked.save(
+                update_fields=[
+                    "state",
+                    "state_reason",
+                    "breaker_base_confirmed",
+                    "breaker_base_dead",
+                    "canary_passed_at",
+                ]
+            )
+            Activity.objects.create(
+                user=user,
+                action="job_resumed",
+                job=locked,
+                via=via,
+                detail={"accepted_canary": accepted_canary},
+            )
+            transaction.on_commit(locked.enqueue)
+        self.refresh_from_db()
+        return self
 
-        return resume_job(self, user, via)
+    def enqueue(self):
+        """Send the job's Celery task. A broker failure here is logged, not raised: the job stays
+        queued and ``resume_stalled_jobs`` sends it again."""
+        ReplayJob.objects.filter(pk=self.pk).update(enqueued_at=timezone.now())
+        try:
+            current_app.send_task(RUN_JOB_TASK, (self.pk, str(self.token)), retry=False)
+        except Exception:
+            log.exception(
+                "replay job %s: could not enqueue its task; the stall sweep will", self.pk
+            )
+            return False
+        return True
+
+    @staticmethod
+    def release_orphaned_claims(job_id=None):
+        """Items claimed by a runner that is gone (ended job, or a stale lease) go back to
+        pending, so the messages are not held forever. Returns how many."""
+        stale = timezone.now() - timedelta(seconds=settings.REPLAY_LEASE_SECONDS)
+        jobs = ReplayJob.objects.filter(
+            Q(runner="") | Q(heartbeat_at__isnull=True) | Q(heartbeat_at__lt=stale)
+        )
+        if job_id is not None:
+            jobs = jobs.filter(pk=job_id)
+        return ReplayJobItem.objects.filter(
+            job__in=jobs.exclude(state=ReplayJob.State.RUNNING), state=ReplayJobItem.State.CLAIMED
+        ).update(state=ReplayJobItem.State.PENDING, claimed_by="", claimed_at=None)
+
+
+def _name(user):
+    return user.get_username() if user is not None else "the system"
 
 
 class ReplayJobItem(models.Model):
@@ -183,7 +274,7 @@ class ReplayJobItem(models.Model):
     ``state``: the updates are HOT (heap-only: no index entry written, far cheaper for
     PostgreSQL than an entry in each index). Migration 0012 leaves three quarters of each page
     free for the new versions. Claims walk ``job_item_order`` from a cursor
-    (recovery.replay.store); "is this message held?" reads the few items of one message
+    (recovery.replay.job_store); "is this message held?" reads the few items of one message
     through the message index.
     """
 
@@ -239,7 +330,7 @@ class MessageEdit(models.Model):
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
     )
-    # Tagged JSON (recovery.headers), like Message.headers; null = the original headers.
+    # Tagged JSON (recovery.client.headers), like Message.headers; null = the original headers.
     headers = models.JSONField(null=True, blank=True)
     body = models.BinaryField(null=True, blank=True)  # null = the original body
     exchange = models.CharField(max_length=255, blank=True, null=True)

@@ -6,7 +6,7 @@ from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 from django.utils import timezone
 
-from recovery import headers as header_codec
+from recovery.client import headers as header_codec
 
 
 class Kind(models.TextChoices):
@@ -55,7 +55,7 @@ class Message(models.Model):
     last_death_at = models.DateTimeField(null=True, blank=True)
     message_id = models.CharField(max_length=255, blank=True, default="")
     correlation_id = models.CharField(max_length=255, blank=True, default="")
-    # All AMQP basic properties except headers, JSON-encoded with recovery.headers.
+    # All AMQP basic properties except headers, JSON-encoded with recovery.client.headers.
     properties = models.JSONField(default=dict)
     headers = models.JSONField(default=dict)
     body = models.BinaryField()
@@ -101,7 +101,7 @@ class Message(models.Model):
             models.Index(fields=["reason", "-collected_at", "-id"], name="msg_reason_newest"),
             models.Index(fields=["source_exchange", "-collected_at"], name="msg_exchange_newest"),
             models.Index(fields=["message_id"], name="msg_message_id"),
-            # Partial: a search never asks for an empty correlation id (recovery.filters), and
+            # Partial: a search never asks for an empty correlation id (recovery.search), and
             # rows without one (most events) then cost no entry, on insert or on a replay's
             # update. Likewise the origin, set only on a message that died again after a replay.
             models.Index(
@@ -153,9 +153,10 @@ class MessageSearch(models.Model):
 
     A side table rather than an index on Message: trigram indexing costs PostgreSQL ~100 us of
     CPU per row, which the collector's inserts and every replay status update (status is indexed,
-    so no HOT updates) would otherwise pay. recovery.search_index fills it shortly after a
+    so no HOT updates) would otherwise pay. recovery.search.index fills it shortly after a
     message is stored (Celery beat), and a search also reads the not-yet-indexed newest rows
-    directly (recovery.filters.search_q), so nothing is unsearchable meanwhile. Insert-only: a
+    directly (recovery.search.filters.search_q), so nothing is unsearchable meanwhile.
+    Insert-only: a
     message's ids, headers and body never change (an edit is a MessageEdit). The database
     deletes the row with its message (ON DELETE CASCADE, migration 0010).
     """

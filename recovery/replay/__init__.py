@@ -1,10 +1,11 @@
 """The replay engine: one message at a time (``one``), operator curation (``curation``), bulk jobs
 (``runner`` with its asynchronous ``publisher`` and database ``store``), and targets/delays
-(``targets``). Jobs are created through ``recovery.jobs``.
+(``targets``). Jobs are created through ``recovery.replay.jobs``.
 
 The names below are the public surface the console and the API use.
 """
 
+from recovery.errors import BrokerUnavailable, ReplayError, StateError
 from recovery.replay.curation import (
     discard_matching,
     discard_message,
@@ -15,10 +16,7 @@ from recovery.replay.curation import (
 from recovery.replay.one import (
     REPLAYABLE,
     STRIPPED_HEADERS,
-    BrokerUnavailable,
     Publisher,
-    ReplayError,
-    StateError,
     claim,
     record_outcome,
     replay_message,

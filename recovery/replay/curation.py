@@ -12,10 +12,11 @@ from django.db.models import F, Value
 from django.db.models.functions import Coalesce, NullIf
 from django.utils import timezone
 
-from recovery import headers as header_codec
-from recovery.filters import apply_filters
+from recovery.client import headers as header_codec
+from recovery.errors import StateError
 from recovery.models import Activity, Message, ReplayJobItem, Status
-from recovery.replay.one import StateError, holding_job, replay_message
+from recovery.replay.one import holding_job, replay_message
+from recovery.search.filters import apply_filters
 
 DISCARDABLE = (Status.PENDING, Status.POISONED, Status.REPLAYED)
 RESTORABLE = (Status.DISCARDED,)

@@ -12,12 +12,12 @@ import logging
 
 import pika
 import pika.exceptions
-from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from recovery import headers as header_codec
-from recovery.broker import connect
+from recovery.broker.connection import connect
+from recovery.client import headers as header_codec
+from recovery.errors import BrokerUnavailable, StateError
 from recovery.models import (
     Activity,
     Message,
@@ -54,27 +54,6 @@ _STRIPPED = frozenset(STRIPPED_HEADERS)
 _PLAIN = frozenset((str, int, bool, type(None)))  # JSON values that are their AMQP value
 
 REPLAYABLE = (Status.PENDING, Status.POISONED, Status.REPLAYED)
-
-
-class ReplayError(Exception):
-    """The message could not be replayed; the reason is for the operator."""
-
-
-class BrokerUnavailable(ReplayError):
-    """RabbitMQ could not be reached; nothing was sent (the message is as it was)."""
-
-
-class StateError(ReplayError, ValidationError):
-    """The message or job is not in a state that allows this (a conflict, HTTP 409).
-
-    Also a Django ValidationError, so form and view code that catches ValidationError shows it.
-    """
-
-    def __init__(self, message):
-        ValidationError.__init__(self, message, code="conflict")
-
-    def __str__(self):
-        return self.messages[0]
 
 
 def wire_message(message, replayed_by="", headers_override=None, body_override=None):

@@ -29,7 +29,7 @@ import pika
 from pika.adapters.select_connection import IOLoop
 from pika.spec import Basic
 
-from recovery.broker import amqp_parameters
+from recovery.broker.connection import amqp_parameters
 
 log = logging.getLogger(__name__)
 

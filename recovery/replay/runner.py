@@ -36,11 +36,12 @@ from django.conf import settings
 from django.utils import timezone
 
 from recovery.models import Activity, ReplayJob
+from recovery.replay.job_store import JobStore
 from recovery.replay.one import wire_from_columns
 from recovery.replay.publisher import AsyncPublisher, Entry
 from recovery.replay.recorder import RECORDERS, Recorder, Recorders
 from recovery.replay.safety import breaker_reason, canary_reason
-from recovery.replay.store import JobStore
+from recovery.replay.selection import selection_sql
 from recovery.replay.targets import Target, ensure_delay_routes
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,8 @@ FLUSH_ROWS = 100
 BREAKER_CHECK_S = 2.0
 # How long the publisher may be disconnected before the job says it is waiting for RabbitMQ.
 BROKER_QUIET_S = 2.0
-# Set by the Celery worker_shutting_down signal (recovery.tasks): runners hand their job back.
+# Set by the Celery worker_shutting_down signal (recovery.replay.tasks): runners hand their job
+# back.
 SHUTDOWN = threading.Event()
 
 
@@ -223,8 +225,6 @@ class JobRunner:
             time.sleep(min(1.0, self.lease_seconds / 4))
 
     def _prepare(self, first_start):
-        from recovery.jobs import selection_sql
-
         job = self.job
         if first_start:
             self._activity("job_started", {"runner": self.runner_id})
@@ -543,9 +543,7 @@ class JobRunner:
             return "paused"
         if kind == "requeue":
             if self.store.end(ReplayJob.State.QUEUED, reason) == ReplayJob.State.QUEUED:
-                from recovery.jobs import enqueue
-
-                enqueue(ReplayJob.objects.get(pk=self.job_id))
+                ReplayJob.objects.get(pk=self.job_id).enqueue()
             return "requeued"
         self.store.end(None, "")
         return "cancelled" if kind == "cancelled" else reason

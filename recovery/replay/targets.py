@@ -20,7 +20,7 @@ import pika
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
-from recovery.broker import amqp_parameters, connect
+from recovery.broker.connection import amqp_parameters, connect
 from recovery.models import default_target_of
 
 

@@ -10,7 +10,7 @@ import threading
 import time
 import urllib.parse
 
-from recovery.broker import ManagementError
+from recovery.errors import ManagementError
 
 PREFIX = "lazarus-simulate"
 # New connections show up in the management API's listing after a short delay (~2 s on 3.10).

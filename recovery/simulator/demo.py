@@ -3,7 +3,7 @@
 Every queue dead-letters to the recovery DLX (``x-dead-letter-exchange`` argument, so no policy is
 needed) and every exchange sends what it cannot route to the recovery alternate exchange. Each
 queue is its own consumer group and the group is named after the queue: that is what
-``recovery.audit.bindings_snapshot`` assumes when it reads bindings from the management API, so
+``recovery.audit.run.bindings_snapshot`` assumes when it reads bindings from the management API, so
 a nightly audit of ``make run`` traffic agrees with the simulator without a hand-written snapshot.
 
     <p>.direct  (direct)  payment -> <p>.payments          consumed
@@ -114,7 +114,7 @@ class DemoTopology:
         return next((queue for queue in self.queues if queue.name == name), None)
 
     def bindings(self):
-        """The bindings snapshot the audit reads (``recovery.audit.bindings_snapshot`` shape)."""
+        """The bindings snapshot the audit reads (``bindings_snapshot``'s shape)."""
         return [
             {
                 "exchange": queue.exchange,

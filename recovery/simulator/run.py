@@ -19,7 +19,8 @@ from pathlib import Path
 import pika
 from django.conf import settings
 
-from recovery.broker import Management
+from recovery.broker.management import Management
+from recovery.broker.topology import Names, declare_recovery_topology
 from recovery.client import ReliablePublisher
 from recovery.simulator.connections import Connections, Dropper, named_url
 from recovery.simulator.consumers import start_group_workers, stop_group_workers
@@ -27,7 +28,6 @@ from recovery.simulator.demo import DemoTopology, expected_groups
 from recovery.simulator.observe import Observer, Taps, observe_publisher
 from recovery.simulator.plan import Rates, drop_points, make_plan
 from recovery.simulator.truth import CONSUMED, TOTAL_NAMES, add_totals, build_truth
-from recovery.topology import Names, declare_recovery_topology
 
 log = logging.getLogger(__name__)
 

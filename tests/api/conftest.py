@@ -7,7 +7,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from recovery.models import ApiToken, AuditEvidence, AuditRun, AuditWindow, Message
-from tests.conftest import make_user
+from tests.conftest import make_user, point_celery_at
 
 
 class ApiClient:
@@ -112,8 +112,6 @@ def celery_on_test_vhost(test_vhost):
     from console.celery import app
 
     original = app.conf.broker_url
-    app.conf.broker_url = settings.RABBITMQ_URL
-    app.close()
+    point_celery_at(settings.RABBITMQ_URL)
     yield
-    app.close()
-    app.conf.broker_url = original
+    point_celery_at(original)

@@ -24,7 +24,7 @@ def operator_api(api_as, db):
 
 def run_like_a_worker(job_id):
     """What a Celery worker does with the job's task, in this thread."""
-    from recovery.tasks import run_replay_job
+    from recovery.replay.tasks import run_replay_job
 
     job = ReplayJob.objects.get(pk=job_id)
     return run_replay_job(job.pk, str(job.token))

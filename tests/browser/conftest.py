@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import point_celery_at
+
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -129,11 +131,10 @@ def job_worker(test_vhost):
     from django.db import connection
 
     from console.celery import app
-    from recovery.tasks import run_replay_job
+    from recovery.replay.tasks import run_replay_job
 
     original = app.conf.broker_url
-    app.conf.broker_url = settings.RABBITMQ_URL
-    app.close()
+    point_celery_at(settings.RABBITMQ_URL)
     threads = []
 
     class Worker:
@@ -153,5 +154,4 @@ def job_worker(test_vhost):
     yield Worker()
     for thread in threads:
         thread.join(30)
-    app.close()
-    app.conf.broker_url = original
+    point_celery_at(original)

@@ -18,7 +18,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.db import connection
 
-from recovery.broker import Management
+from recovery.broker.management import Management
 from recovery.models import Message
 from tests.conftest import wait_for
 

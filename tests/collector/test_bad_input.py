@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from recovery.headers import LongBytes, RawTimestamp
+from recovery.client.headers import LongBytes, RawTimestamp
 from recovery.models import Message
 from tests.collector.conftest import declare_queue, depth, drain_queue, publish, reject_next
 from tests.conftest import wait_for

@@ -18,7 +18,7 @@ import pika
 import pytest
 from django.db import connection
 
-from recovery.collector_health import collector_health
+from recovery.collector.health import collector_health
 from recovery.models import Message
 from tests.collector.conftest import depth, open_channel
 from tests.conftest import wait_for

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from recovery.headers import LongBytes, RawTimestamp
+from recovery.client.headers import LongBytes, RawTimestamp
 from recovery.models import Message, Status
 from recovery.replay import replay_message
 from tests.collector.conftest import declare_queue, publish, reject_next, stored

@@ -8,7 +8,7 @@ import time
 import pika
 import pytest
 
-from recovery.collector_processes import collector_process_count
+from recovery.collector.processes import collector_process_count
 from recovery.models import CollectorHeartbeat
 from tests.collector.conftest import open_channel
 from tests.collector.test_faults import fill, stored_count

@@ -3,10 +3,10 @@ stored somewhere."""
 
 import pytest
 
-from recovery import collector as collector_module
-from recovery.collector import start_collectors, stop_collectors
+from recovery.broker.topology import QUORUM
+from recovery.collector import consumer as collector_module
+from recovery.collector.consumer import start_collectors, stop_collectors
 from recovery.models import Message
-from recovery.topology import QUORUM
 from tests.collector.conftest import declare_queue, depth, drain_queue, publish, reject_next, stored
 from tests.conftest import wait_for
 

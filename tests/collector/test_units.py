@@ -9,19 +9,19 @@ import pika.exceptions
 import psycopg.errors
 import pytest
 
-from recovery import amqp_floats
-from recovery.collector import Window
-from recovery.collector_writer import Batch, refuses_row
-from recovery.headers import LongBytes, RawTimestamp, UndecodableHeaders, headers_from_json
-from recovery.ingest import (
+from recovery.broker import codec as amqp_floats
+from recovery.client.headers import LongBytes, RawTimestamp, UndecodableHeaders, headers_from_json
+from recovery.collector.consumer import Window
+from recovery.collector.rows import (
     DEAD_LETTERS,
     RETURNS,
     UNROUTED,
-    UnstorableDelivery,
     delivery_to_row,
     failure_group,
     x_death_summary,
 )
+from recovery.collector.writer import Batch, refuses_row
+from recovery.errors import UnstorableDelivery
 
 T1 = datetime.datetime(2026, 11, 21, 10, 0, 0, tzinfo=datetime.UTC)
 T2 = datetime.datetime(2026, 11, 21, 10, 5, 0, tzinfo=datetime.UTC)

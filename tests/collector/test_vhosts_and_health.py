@@ -2,9 +2,9 @@
 
 import pytest
 
-from recovery.broker import Management
-from recovery.collector import start_collectors, stop_collectors
-from recovery.collector_health import collector_health
+from recovery.broker.management import Management
+from recovery.collector.consumer import start_collectors, stop_collectors
+from recovery.collector.health import collector_health
 from recovery.models import CollectorHeartbeat, Kind
 from recovery.replay import replay_message
 from tests.collector.conftest import declare_queue, open_channel, publish, reject_next, stored

@@ -7,6 +7,7 @@ import pytest
 from django.utils import timezone
 
 from recovery.models import Message
+from tests.conftest import point_celery_at
 
 _serial = itertools.count(1)
 
@@ -75,11 +76,10 @@ def job_tasks(test_vhost):
     from django.conf import settings
 
     from console.celery import app
-    from recovery.tasks import run_replay_job
+    from recovery.replay.tasks import run_replay_job
 
     original = app.conf.broker_url
-    app.conf.broker_url = settings.RABBITMQ_URL
-    app.close()
+    point_celery_at(settings.RABBITMQ_URL)
 
     def run(job):
         job.refresh_from_db()
@@ -88,5 +88,4 @@ def job_tasks(test_vhost):
         return outcome
 
     yield run
-    app.close()
-    app.conf.broker_url = original
+    point_celery_at(original)

@@ -9,8 +9,8 @@ from django.db import connection
 from django.db.models import Count, Sum
 from django.utils import timezone
 
-from recovery.collector import database_conninfo
-from recovery.ingest import store_rows
+from recovery.collector.rows import store_rows
+from recovery.db import database_conninfo
 from recovery.models import Message, MessageCount
 from tests.console.conftest import make_message
 
@@ -64,7 +64,7 @@ def test_it_buckets_by_utc_hour_of_collection():
 @pytest.mark.django_db(transaction=True)
 def test_the_collectors_copy_path_is_counted_even_in_another_session_time_zone():
     """The collector writes with psycopg COPY + INSERT … SELECT on its own connection."""
-    from recovery.ingest import delivery_to_row
+    from recovery.collector.rows import delivery_to_row
 
     props = pika.BasicProperties(
         message_id="copy-1", headers={"x-death": [{"queue": "q1", "reason": "rejected"}]}
@@ -114,7 +114,7 @@ def test_rebuild_recounts_from_the_messages():
 
 def test_celery_beat_compacts_the_counts_every_minute():
     from console.celery import app
-    from recovery.count_tasks import compact_message_counts
+    from recovery.search.count_tasks import compact_message_counts
 
     app.loader.import_default_modules()
     entry = app.conf.beat_schedule["compact-message-counts"]

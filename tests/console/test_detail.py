@@ -7,7 +7,7 @@ import json
 import pytest
 
 from console.views.message import body_views
-from recovery import headers as header_codec
+from recovery.client import headers as header_codec
 from tests.console.conftest import make_message
 
 pytestmark = pytest.mark.django_db

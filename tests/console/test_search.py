@@ -1,4 +1,4 @@
-"""Free-text search (recovery.filters.search_q), shared by the console, the API and jobs.
+"""Free-text search (recovery.search.filters.search_q), shared by the console, the API and jobs.
 
 Every search test runs twice: before the indexer ran (the documents are computed on the fly from
 the unindexed newest rows) and after (read from the trigram-indexed MessageSearch table).
@@ -8,9 +8,9 @@ import psycopg
 import pytest
 from django.db import connection, transaction
 
-from recovery import search_index
-from recovery.filters import MessageFilterForm, bytea_escape
 from recovery.models import Message, MessageSearch
+from recovery.search import index as search_index
+from recovery.search.filters import MessageFilterForm, bytea_escape
 from tests.console.conftest import make_message
 
 pytestmark = pytest.mark.django_db
@@ -100,7 +100,7 @@ def test_the_message_list_searches(client, viewer, corpus):
 
 def test_a_selective_search_is_listed_from_its_matches(corpus, monkeypatch):
     """Few matches: the page is read by primary key, never by walking the newest-first index."""
-    from recovery import filters
+    from recovery.search import filters
 
     form = MessageFilterForm({"q": "acme corp"})
     assert form.is_valid()
@@ -124,7 +124,7 @@ def test_a_search_that_runs_too_long_is_stopped_with_advice(client, viewer, corp
     monkeypatch.setattr(messages, "SEARCH_TIMEOUT_MS", 1)
     client.force_login(viewer)
     monkeypatch.setattr(
-        "recovery.search_index.SEARCH_DOCUMENT_SQL",
+        "recovery.search.index.SEARCH_DOCUMENT_SQL",
         "(SELECT message_id || pg_sleep(0.05)::text)",
     )
     MessageSearch.objects.all().delete()  # every row is in the slow, unindexed tail

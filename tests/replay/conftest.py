@@ -22,22 +22,14 @@ import pytest
 from django.conf import settings
 from django.db import connections
 
-from recovery.broker import Management
-from recovery.ingest import delivery_to_row, store_rows
+from recovery.broker.management import Management
+from recovery.collector.rows import delivery_to_row, store_rows
+from recovery.db import database_conninfo
 from recovery.models import Message
-from recovery.replay.store import database_conninfo
+from tests.conftest import point_celery_at
 
 DLX_ARGS = {"x-dead-letter-exchange": "recovery.dlx"}
 _ids = itertools.count(1)
-
-
-def point_celery_at(url):
-    """Send this process's Celery tasks to ``url`` (dropping pools made for another URL)."""
-    from console.celery import app
-
-    app.conf.broker_url = url
-    app._pool = None  # not closed: kombu's shared producer pools may still hold it
-    app.amqp._producer_pool = None
 
 
 @pytest.fixture(autouse=True)
@@ -102,8 +94,9 @@ def dead_letters(queue, count, body=b"payload", **kwargs):
 def populated(queue, count, operator, runner="runner-a"):
     """A job over ``count`` new dead letters of ``queue``, leased and snapshot by ``runner``:
     (job, its JobStore, the messages)."""
-    from recovery.jobs import create_job, selection_sql
-    from recovery.replay.store import JobStore
+    from recovery.replay.job_store import JobStore
+    from recovery.replay.jobs import create_job
+    from recovery.replay.selection import selection_sql
 
     messages = dead_letters(queue, count)
     job = create_job(operator, filters={"queue": queue})

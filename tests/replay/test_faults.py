@@ -15,9 +15,9 @@ import urllib.parse
 
 import pytest
 
-from recovery.broker import Management
-from recovery.jobs import create_job
+from recovery.broker.management import Management
 from recovery.models import Activity, Message, ReplayJob, ReplayJobItem, Status
+from recovery.replay.jobs import create_job
 from tests.conftest import wait_for
 from tests.faults import TcpProxy
 from tests.replay.conftest import (
@@ -182,8 +182,6 @@ def test_a_job_rides_out_a_broker_outage(wired, amqp, operator, consumers):
 def test_a_job_survives_a_real_broker_restart(wired, amqp, operator, request):
     """Restarts the shared RabbitMQ (stop_app/start_app): run alone (``-m disruptive``), never
     beside other suites."""
-    if "disruptive" not in (request.config.option.markexpr or ""):
-        pytest.skip("restarts the shared RabbitMQ; runs only when chosen with -m disruptive")
     declare_app_queue(amqp, "fault.restart")
     messages = dead_letters("fault.restart", OUTAGE_N, body=BODY)
     amqp.connection.close()

@@ -5,9 +5,10 @@ import time
 import pytest
 from django.core.exceptions import PermissionDenied, ValidationError
 
-from recovery.jobs import create_job, dry_run
+from recovery.errors import StateError
 from recovery.models import Activity, Message, ReplayAttempt, ReplayJob, ReplayJobItem, Status
-from recovery.replay import StateError, discard_message, replay_message
+from recovery.replay import discard_message, replay_message
+from recovery.replay.jobs import create_job, dry_run
 from tests.conftest import wait_for
 from tests.replay.conftest import (
     dead_letters,

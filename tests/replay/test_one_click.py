@@ -6,14 +6,9 @@ import time
 import pytest
 from django.core.exceptions import ValidationError
 
+from recovery.errors import StateError
 from recovery.models import Activity, Message, MessageEdit, ReplayAttempt, Status
-from recovery.replay import (
-    StateError,
-    discard_message,
-    edit_and_replay,
-    replay_message,
-    restore_message,
-)
+from recovery.replay import discard_message, edit_and_replay, replay_message, restore_message
 from tests.replay.conftest import dead_letters as stored_dead_letters
 from tests.replay.conftest import declare_app_queue, drain, queue_depth, store, unroutable_row
 
@@ -211,7 +206,7 @@ def test_a_bad_edit_is_refused_and_nothing_is_sent(wired, operator, headers_json
 
 
 def test_a_replay_without_a_broker_leaves_the_message_as_it_was(wired, operator, settings):
-    from recovery.replay import BrokerUnavailable
+    from recovery.errors import BrokerUnavailable
 
     [message] = stored_dead_letters("one.down", 1)
     settings.RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:1/%2F"  # nothing listens there

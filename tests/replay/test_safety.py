@@ -7,10 +7,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from recovery.jobs import create_job, resume_stalled_jobs
 from recovery.models import Activity, Message, ReplayJob, ReplayJobItem, Status
+from recovery.replay.job_store import JobStore
+from recovery.replay.jobs import create_job, resume_stalled_jobs
 from recovery.replay.runner import JobRunner
-from recovery.replay.store import JobStore
 from tests.conftest import wait_for
 from tests.replay.conftest import (
     dead_letters,
@@ -271,8 +271,8 @@ def test_a_discard_by_filter_skips_what_a_job_or_a_replay_holds(wired, operator)
     counted as remaining; once released, the next call discards them."""
     import psycopg
 
+    from recovery.db import database_conninfo
     from recovery.replay import discard_matching
-    from recovery.replay.store import database_conninfo
 
     job, store, messages = populated("safe.discard", 30, operator)
     claimed, _skipped, _left = store.claim(4, ["pending"])

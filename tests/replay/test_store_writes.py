@@ -1,10 +1,11 @@
-"""The job store's writes (recovery.replay.store): one statement per outcome batch, item updates
+"""The job store's writes (recovery.replay.job_store): one statement per outcome batch, item updates
 that stay heap-only, and log rows that follow deletes without database foreign keys."""
 
 import psycopg
 import pytest
 from django.db import connection
 
+from recovery.db import database_conninfo
 from recovery.models import (
     Activity,
     Message,
@@ -13,7 +14,7 @@ from recovery.models import (
     ReplayJobItem,
     Status,
 )
-from recovery.replay.store import JobStore, database_conninfo
+from recovery.replay.job_store import JobStore
 from tests.replay.conftest import populated
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -5,16 +5,15 @@ import datetime
 import pytest
 from django.utils import timezone
 
-from recovery.jobs import create_job, enqueue, resume_stalled_jobs
 from recovery.models import Activity, Message, ReplayJob, ReplayJobItem, Status
 from recovery.replay import discard_message
-from recovery.retention import apply_retention
-from tests.conftest import wait_for
+from recovery.replay.jobs import create_job, resume_stalled_jobs
+from recovery.replay.retention import apply_retention
+from tests.conftest import point_celery_at, wait_for
 from tests.replay.conftest import (
     dead_letters,
     declare_app_queue,
     drain,
-    point_celery_at,
     purge_tasks,
     queue_depth,
     run,
@@ -51,7 +50,7 @@ def test_a_job_runs_in_a_celery_worker(wired, amqp, operator, workers):
 
 def test_a_task_from_another_deployment_runs_nothing(wired, operator, workers):
     """The task carries the job's token: a foreign task with a matching id is ignored."""
-    from recovery.tasks import run_replay_job
+    from recovery.replay.tasks import run_replay_job
 
     purge_tasks()
     dead_letters("tasks.token", 3)
@@ -104,7 +103,7 @@ def test_a_broker_failure_at_enqueue_leaves_the_job_queued(wired, operator, sett
     job = create_job(operator, filters={"queue": "tasks.nobroker"})
     point_celery_at("amqp://guest:guest@127.0.0.1:1//")  # nothing listens there
 
-    assert enqueue(job) is False
+    assert job.enqueue() is False
 
     assert job_state(job) == "queued"  # the sweep sends it when the broker is back
 

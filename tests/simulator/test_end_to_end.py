@@ -12,9 +12,9 @@ import os
 import pytest
 from django.conf import settings
 
-from recovery.audit import run_audit
+from recovery.audit.run import run_audit
+from recovery.broker.topology import queue_depths
 from recovery.models import Message
-from recovery.topology import queue_depths
 from tests.conftest import wait_for
 from tests.simulator.helpers import BUSY_FAULTS, simulate
 

@@ -7,11 +7,11 @@ import psycopg
 import pytest
 
 from console.celery import app
+from recovery.broker.topology import Names
 from recovery.client.outbox import Outbox
 from recovery.client.retry_cache import Pending
-from recovery.collector import database_conninfo
-from recovery.outbox_tasks import forward_client_outbox, outbox_exists
-from recovery.topology import Names
+from recovery.collector.tasks import forward_client_outbox, outbox_exists
+from recovery.db import database_conninfo
 
 
 @pytest.fixture

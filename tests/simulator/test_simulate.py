@@ -10,8 +10,8 @@ import pytest
 from django.conf import settings
 from django.core.management import CommandError, call_command
 
+from recovery.broker.topology import Names
 from recovery.simulator.demo import DemoTopology
-from recovery.topology import Names
 from tests.simulator.helpers import BUSY_FAULTS, drain, of_run, read_log_lines, simulate
 
 PRODUCER_FIELDS = {

@@ -2,7 +2,7 @@ import datetime
 
 from django.core.management.base import BaseCommand, CommandError
 
-from recovery.audit import run_audit
+from recovery.audit.run import run_audit
 from recovery.models import AuditRun
 
 

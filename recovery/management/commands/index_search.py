@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from recovery import search_index
+from recovery.search import index as search_index
 
 
 class Command(BaseCommand):

@@ -5,8 +5,8 @@ import pika.exceptions
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from recovery.broker import ManagementError
-from recovery.collector import database_conninfo
+from recovery.db import database_conninfo
+from recovery.errors import ManagementError
 from recovery.simulator import Rates, Simulation, SimulationConfig
 from recovery.simulator.demo import TopologyError
 
@@ -213,7 +213,7 @@ class Command(BaseCommand):
                 truth_path=truth,
                 bindings_path=options["bindings_out"] or str(Path(truth).parent / "bindings.json"),
                 settle_timeout=options["settle_timeout"],
-                outbox_dsn=database_conninfo() if options["outbox"] else None,
+                outbox_dsn=database_conninfo("lazarus-simulate") if options["outbox"] else None,
                 confirm_timeout=options["confirm_timeout"],
                 run_id=options["run_id"],
             )

@@ -1,8 +1,8 @@
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from recovery.broker import ManagementError
-from recovery.topology import wire
+from recovery.broker.topology import wire
+from recovery.errors import ManagementError
 
 
 class Command(BaseCommand):

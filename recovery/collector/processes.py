@@ -9,7 +9,7 @@ more collector processes beside its own threads; they consume the same queues as
 once does not depend on who stores a message: every process acks only after its commit, and the
 store's unique fingerprint drops a redelivery whichever process stored it first.
 
-Each extra process is a fresh interpreter (``python -m recovery.collector_main``), not a fork of
+Each extra process is a fresh interpreter (``python -m recovery.collector.main``), not a fork of
 the worker, whose other threads could hold locks at fork time. The worker supervises them:
 
 - one that exits while the worker runs is started again (after a short back-off);
@@ -52,7 +52,7 @@ class CollectorProcesses:
 
     def __init__(self, count, command=None):
         self.count = count
-        self.command = command or [sys.executable, "-m", "recovery.collector_main"]
+        self.command = command or [sys.executable, "-m", "recovery.collector.main"]
         self.children = [None] * count
         self.restarts = 0
         self.stopping = threading.Event()

@@ -2,7 +2,7 @@
 
 ``collector_health()`` is what /healthz, the console overview and the API's ``stats`` show. The
 counters come from the heartbeat rows every collector thread upserts every few seconds
-(``CollectorHeartbeat``, written by ``recovery.collector_writer.BatchWriter.beat``); the lag is the
+(``CollectorHeartbeat``, written by ``recovery.collector.writer.BatchWriter.beat``); the lag is the
 number of messages waiting in each recovery queue, asked of the broker now.
 """
 
@@ -11,9 +11,9 @@ import datetime
 from django.conf import settings
 from django.utils import timezone
 
-from recovery.ingest import source_of
+from recovery.broker.topology import Names, queue_depths
+from recovery.collector.rows import source_of
 from recovery.models import CollectorHeartbeat
-from recovery.topology import Names, queue_depths
 
 # A collector that has not written its heartbeat for this long is not counted as running (it
 # writes one every 5 s, and at least after every batch).

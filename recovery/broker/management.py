@@ -1,4 +1,4 @@
-"""Connections to the watched RabbitMQ: AMQP parameters per vhost and the management HTTP API."""
+"""A small client of the RabbitMQ management HTTP API."""
 
 import base64
 import json
@@ -6,28 +6,9 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-import pika
 from django.conf import settings
 
-
-class ManagementError(RuntimeError):
-    pass
-
-
-def amqp_parameters(vhost=None, url=None, **overrides):
-    """pika parameters for RABBITMQ_URL, optionally switched to another vhost."""
-    params = pika.URLParameters(url or settings.RABBITMQ_URL)
-    if vhost is not None:
-        params.virtual_host = vhost
-    for name, value in overrides.items():
-        setattr(params, name, value)
-    return params
-
-
-def connect(vhost=None, **overrides):
-    overrides.setdefault("heartbeat", 30)
-    overrides.setdefault("blocked_connection_timeout", 60)
-    return pika.BlockingConnection(amqp_parameters(vhost, **overrides))
+from recovery.errors import ManagementError
 
 
 class Management:

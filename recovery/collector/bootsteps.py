@@ -11,7 +11,7 @@ COLLECTOR_SWITCH_INTERVAL_S = 0.0005
 
 
 class CollectorStep(bootsteps.StartStopStep):
-    """Starts ``recovery.collector`` threads with the worker and stops them on shutdown.
+    """Starts ``recovery.collector.consumer`` threads with the worker and stops them on shutdown.
 
     Enabled by ``--collector`` (default: the COLLECTOR_ENABLED setting). Run workers with
     ``--no-collector`` to dedicate them to replay jobs and audits. The threads live in the main
@@ -19,7 +19,7 @@ class CollectorStep(bootsteps.StartStopStep):
     On a warm shutdown (SIGTERM) they store and ack what they hold; after a kill -9 the broker
     redelivers it and the store's fingerprint drops what had been stored already. With
     COLLECTOR_PROCESSES above 1 (0: one per core) the worker also runs that many minus one
-    collector processes of their own (``recovery.collector_processes``).
+    collector processes of their own (``recovery.collector.processes``).
     """
 
     requires = ("celery.worker.components:Pool",)
@@ -38,8 +38,8 @@ class CollectorStep(bootsteps.StartStopStep):
 
         from django.conf import settings
 
-        from recovery.collector import start_collectors
-        from recovery.collector_processes import CollectorProcesses, collector_process_count
+        from recovery.collector.consumer import start_collectors
+        from recovery.collector.processes import CollectorProcesses, collector_process_count
 
         # The consumer threads decode while the writer threads wait on COPY; with Python's
         # default 5 ms switch interval a writer whose COPY finished waits that long for the GIL
@@ -52,7 +52,7 @@ class CollectorStep(bootsteps.StartStopStep):
             self.processes = CollectorProcesses(extra).start()
 
     def stop(self, worker):
-        from recovery.collector import stop_collectors
+        from recovery.collector.consumer import stop_collectors
 
         if self.processes is not None:
             self.processes.stop()

@@ -26,7 +26,7 @@ import pika.data
 import pika.exceptions
 from pika.compat import long
 
-from recovery.headers import LongBytes, RawTimestamp, UndecodableHeaders, datetime_or_none
+from recovery.client.headers import LongBytes, RawTimestamp, UndecodableHeaders, datetime_or_none
 
 _original_encode_value = pika.data.encode_value
 _original_encode_table = pika.data.encode_table

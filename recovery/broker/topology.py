@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from recovery.broker import Management, connect
+from recovery.broker.connection import connect
+from recovery.broker.management import Management
 
 QUORUM = {"x-queue-type": "quorum"}
 

@@ -1,4 +1,4 @@
-"""An extra collector process (``python -m recovery.collector_main``); see collector_processes.
+"""An extra collector process (``python -m recovery.collector.main``); see collector_processes.
 
 Runs the same collector threads as the worker (``start_collectors``) from the same settings (the
 worker's environment) until SIGTERM or SIGINT, then stores and acks what it holds and exits. It
@@ -19,10 +19,10 @@ def main():
     import django
 
     django.setup()
-    from recovery.bootsteps import COLLECTOR_SWITCH_INTERVAL_S
-    from recovery.collector import start_collectors, stop_collectors
+    from recovery.collector.bootsteps import COLLECTOR_SWITCH_INTERVAL_S
+    from recovery.collector.consumer import start_collectors, stop_collectors
 
-    log = logging.getLogger("recovery.collector")  # Django's LOGGING set its handlers up
+    log = logging.getLogger("recovery.collector.consumer")  # Django's LOGGING set its handlers up
     parent = int(os.environ.get("LAZARUS_COLLECTOR_PARENT") or 0)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

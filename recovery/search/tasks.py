@@ -1,8 +1,8 @@
-"""Celery tasks of the search indexer (recovery.search_index), driven by Celery beat."""
+"""Celery tasks of the search indexer (recovery.search.index), driven by Celery beat."""
 
 from celery import shared_task
 
-from recovery import search_index
+from recovery.search import index as search_index
 
 
 @shared_task(name="recovery.search_tasks.index_new_messages", ignore_result=True)

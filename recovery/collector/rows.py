@@ -23,7 +23,8 @@ import re
 from json.encoder import c_make_encoder, encode_basestring_ascii
 from typing import NamedTuple
 
-from recovery import headers as header_codec
+from recovery.client import headers as header_codec
+from recovery.errors import UnstorableDelivery
 
 PROPERTY_NAMES = (
     "content_type",
@@ -63,10 +64,6 @@ RETURN_KINDS = {"returned": "no_route", "nacked": "nack", "unconfirmed": "timeou
 REASONS = frozenset(
     ("rejected", "expired", "maxlen", "delivery_limit", "no_route", "nack", "timeout")
 )
-
-
-class UnstorableDelivery(ValueError):
-    """A delivery that cannot become a row; the collector quarantines it with this reason."""
 
 
 class StoreRow(NamedTuple):
@@ -352,7 +349,7 @@ def delivery_to_row(
 
 def source_of(queue, names=None):
     """Which recovery source a queue is (DEAD_LETTERS, UNROUTED or RETURNS)."""
-    from recovery.topology import Names
+    from recovery.broker.topology import Names
 
     names = names or Names.from_settings()
     sources = {names.dead_letters: DEAD_LETTERS, names.unrouted: UNROUTED, names.returns: RETURNS}

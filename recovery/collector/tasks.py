@@ -10,7 +10,7 @@ from celery import shared_task
 from django.conf import settings
 
 from recovery.client import forward_outbox
-from recovery.collector import database_conninfo
+from recovery.db import database_conninfo
 
 
 def outbox_exists(conninfo):
@@ -25,7 +25,7 @@ def forward_client_outbox():
     The table is the client library's to create: until a producer has written to it there is
     nothing to forward, and Lazarus does not create it behind the producers' back.
     """
-    conninfo = database_conninfo()
+    conninfo = database_conninfo("lazarus-outbox")
     if not outbox_exists(conninfo):
         return 0
     return forward_outbox(

@@ -20,7 +20,8 @@ from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
-from recovery.jobs_validation import (  # noqa: F401 - MAX_MESSAGE_IDS, VIAS: public limits
+from recovery.models import Activity, ReplayJob, Role, has_role
+from recovery.replay.selection import (  # noqa: F401 - MAX_MESSAGE_IDS, VIAS: public limits
     MAX_MESSAGE_IDS,
     VIAS,
     clean_filters,
@@ -28,8 +29,6 @@ from recovery.jobs_validation import (  # noqa: F401 - MAX_MESSAGE_IDS, VIAS: pu
     clean_selection,
     selection_queryset,
 )
-from recovery.models import Activity, ReplayJob, ReplayJobItem, Role, has_role
-from recovery.replay.one import StateError
 from recovery.replay.targets import validate_target
 
 log = logging.getLogger(__name__)
@@ -37,26 +36,6 @@ log = logging.getLogger(__name__)
 # A queued job whose task has not started for this many leases is enqueued again (its task
 # message may be lost); a running one as soon as its lease is stale.
 QUEUED_PATIENCE_LEASES = 10
-ACTIVE = (ReplayJob.State.QUEUED, ReplayJob.State.RUNNING, ReplayJob.State.PAUSED)
-
-
-# ---- the job's messages ------------------------------------------------------------------
-
-
-def job_queryset(job):
-    """The messages a job covers: as the operator saw them when making it. Collected after it
-    was made, or replayed after it was made (by another job, or one click), they are not in it
-    — the job would otherwise send again what was sent meanwhile."""
-    form = clean_filters(job.filters or None)
-    data = form.cleaned_data if form else {}
-    return selection_queryset(
-        data, job.message_ids or None, job.group_key, job.allowed_statuses, until=job.created_at
-    ).exclude(last_replayed_at__gt=job.created_at)
-
-
-def selection_sql(job):
-    """(sql, params) selecting ``id, replay_count`` of the job's messages (for the snapshot)."""
-    return job_queryset(job).values_list("id", "replay_count").query.sql_with_params()
 
 
 # ---- the interface the console and the API call -----------------------------------------------
@@ -149,7 +128,7 @@ def create_job(
                 "include_poisoned": job.include_poisoned,
             },
         )
-        transaction.on_commit(lambda: enqueue(job))
+        transaction.on_commit(job.enqueue)
     return job
 
 
@@ -214,95 +193,7 @@ def describe_target(job):
     return f"{where}, after {job.delay_seconds}s" if job.delay_seconds else where
 
 
-# ---- state changes (ReplayJob.cancel / ReplayJob.resume) ---------------------------------------
-
-
-def _name(user):
-    return user.get_username() if user is not None else "the system"
-
-
-def cancel_job(job, user, via="console"):
-    now = timezone.now()
-    with transaction.atomic():
-        updated = ReplayJob.objects.filter(pk=job.pk, state__in=ACTIVE).update(
-            state=ReplayJob.State.CANCELLED,
-            state_reason=f"cancelled by {_name(user)}",
-            finished_at=now,
-        )
-        if not updated:
-            state = ReplayJob.objects.filter(pk=job.pk).values_list("state", flat=True).first()
-            raise StateError(
-                f"job #{job.pk} is {state}; only queued, running or paused jobs can be cancelled"
-            )
-        Activity.objects.create(user=user, action="job_cancelled", job_id=job.pk, via=via)
-    release_orphaned_claims(job.pk)
-    job.refresh_from_db()
-    return job
-
-
-def resume_job(job, user, via="console"):
-    with transaction.atomic():
-        locked = ReplayJob.objects.select_for_update().get(pk=job.pk)
-        if locked.state != ReplayJob.State.PAUSED:
-            raise StateError(f"job #{job.pk} is {locked.state}; only a paused job can be resumed")
-        accepted_canary = locked.canary_size > 0 and locked.canary_passed_at is None
-        locked.state = ReplayJob.State.QUEUED
-        locked.state_reason = f"resumed by {_name(user)}"
-        # The breaker judges what happens from now on, not the deaths that tripped it.
-        locked.breaker_base_confirmed = locked.confirmed
-        locked.breaker_base_dead = locked.dead_again
-        if accepted_canary:
-            locked.canary_passed_at = timezone.now()
-        locked.save(
-            update_fields=[
-                "state",
-                "state_reason",
-                "breaker_base_confirmed",
-                "breaker_base_dead",
-                "canary_passed_at",
-            ]
-        )
-        Activity.objects.create(
-            user=user,
-            action="job_resumed",
-            job=locked,
-            via=via,
-            detail={"accepted_canary": accepted_canary},
-        )
-        transaction.on_commit(lambda: enqueue(locked))
-    job.refresh_from_db()
-    return job
-
-
-# ---- running them ----------------------------------------------------------------------------
-
-
-def enqueue(job):
-    """Send the job's Celery task. A broker failure here is logged, not raised: the job stays
-    queued and ``resume_stalled_jobs`` sends it again."""
-    from recovery.tasks import run_replay_job
-
-    ReplayJob.objects.filter(pk=job.pk).update(enqueued_at=timezone.now())
-    try:
-        run_replay_job.apply_async((job.pk, str(job.token)), retry=False)
-    except Exception:
-        log.exception("replay job %s: could not enqueue its task; the stall sweep will", job.pk)
-        return False
-    return True
-
-
-def release_orphaned_claims(job_id=None):
-    """Items claimed by a runner that is gone (ended job, or a stale lease) go back to pending,
-    so the messages are not held forever. Returns how many."""
-    stale = timezone.now() - timedelta(seconds=settings.REPLAY_LEASE_SECONDS)
-    jobs = ReplayJob.objects.filter(
-        Q(runner="") | Q(heartbeat_at__isnull=True) | Q(heartbeat_at__lt=stale)
-    )
-    if job_id is not None:
-        jobs = jobs.filter(pk=job_id)
-    return ReplayJobItem.objects.filter(
-        job__in=jobs.exclude(state=ReplayJob.State.RUNNING), state=ReplayJobItem.State.CLAIMED
-    ).update(state=ReplayJobItem.State.PENDING, claimed_by="", claimed_at=None)
+# ---- keeping them running -------------------------------------------------------------------
 
 
 def resume_stalled_jobs():
@@ -321,7 +212,7 @@ def resume_stalled_jobs():
     enqueued = []
     for job in ReplayJob.objects.filter((crashed & not_recently_enqueued) | forgotten):
         log.warning("replay job %s (%s) has no live runner; enqueueing it again", job.pk, job.state)
-        if enqueue(job):
+        if job.enqueue():
             enqueued.append(job.pk)
-    release_orphaned_claims()
+    ReplayJob.release_orphaned_claims()
     return enqueued

@@ -20,10 +20,10 @@ import pika.exceptions
 import psycopg
 import psycopg.errors
 
-from recovery.broker import amqp_parameters
-from recovery.headers import UndecodableHeaders
-from recovery.ingest import store_rows
-from recovery.topology import QUORUM
+from recovery.broker.connection import amqp_parameters
+from recovery.broker.topology import QUORUM
+from recovery.client.headers import UndecodableHeaders
+from recovery.collector.rows import store_rows
 
 log = logging.getLogger(__name__)
 

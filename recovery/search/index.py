@@ -3,7 +3,7 @@
 The collector only inserts messages; this indexer copies each new message's search document
 into the trigram-indexed side table a moment later, in batches, so the trigram cost is paid
 once per message, off the collector's and the replay engine's paths. Searches also read the
-rows above the indexed high-water mark directly (recovery.filters.search_q), so a message is
+rows above the indexed high-water mark directly (recovery.search.filters.search_q), so a message is
 findable the moment it is stored.
 
 Ids come from one sequence but commit out of order (several collector writers), so a row below

@@ -12,7 +12,7 @@ import logging
 from celery import shared_task
 from celery.signals import worker_shutting_down
 
-from recovery import jobs, retention
+from recovery.replay import jobs, retention
 from recovery.replay.runner import SHUTDOWN, JobRunner
 
 log = logging.getLogger(__name__)

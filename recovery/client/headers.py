@@ -10,7 +10,7 @@ so it cannot be mistaken for a tag.
 
 AMQP has two kinds of octet strings: long strings ('S', text by convention) and byte arrays ('x').
 pika hands a long string that is not valid UTF-8 over as ``bytes``, the same type as a byte array,
-and would send it back as a byte array. ``LongBytes`` marks such a value (``recovery.amqp_floats``
+and would send it back as a byte array. ``LongBytes`` marks such a value (``recovery.broker.codec``
 decodes and encodes it as 'S') so a Java or .NET consumer gets back the type it was sent.
 """
 
@@ -33,7 +33,7 @@ class RawTimestamp(int):
 class UndecodableHeaders(dict):
     """A headers table nested too deep to decode: its raw entries, sent again as they came.
 
-    Items set on it are encoded before the raw entries (``recovery.amqp_floats``).
+    Items set on it are encoded before the raw entries (``recovery.broker.codec``).
     """
 
     def __init__(self, raw):

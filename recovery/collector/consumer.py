@@ -1,13 +1,14 @@
 """The collector: drains the recovery queues into the store, exactly once, as fast as they fill.
 
 One ``SourceCollector`` thread per (vhost, recovery queue) owns an AMQP connection: it consumes,
-turns each delivery into a store row (``recovery.ingest``) and hands batches to its writer
-threads (``recovery.collector_writer``), which commit them; only then is a batch acked, with one
+turns each delivery into a store row (``recovery.collector.rows``) and hands batches to its writer
+threads (``recovery.collector.writer``), which commit them; only then is a batch acked, with one
 multiple-ack, in order. Parsing the next batch overlaps with committing the previous ones. A crash
 anywhere before the ack means redelivery, and redelivery is harmless (unique fingerprint).
 
-It runs inside a Celery worker as a bootstep (``recovery.bootsteps.CollectorStep``), which also
-starts one more collector process per further CPU core (``recovery.collector_processes``): scale
+It runs inside a Celery worker as a bootstep (``recovery.collector.bootsteps.CollectorStep``),
+which also
+starts one more collector process per further CPU core (``recovery.collector.processes``): scale
 out by starting more workers; they all compete for the same queues. Dedicated pika connections,
 rather than kombu consumers on the worker's own connection, keep the drain independent of task
 traffic and allow multiple-ack and pipelining, the biggest factors in drain speed
@@ -30,10 +31,11 @@ import pika
 import pika.exceptions
 import psycopg
 from django.conf import settings
-from django.db import connections
 
-from recovery.broker import amqp_parameters
-from recovery.collector_writer import (
+from recovery.broker.connection import amqp_parameters
+from recovery.broker.topology import Names
+from recovery.collector.rows import delivery_to_row, source_of
+from recovery.collector.writer import (
     BACKOFF_FIRST,
     BACKOFF_MAX,
     Batch,
@@ -42,8 +44,8 @@ from recovery.collector_writer import (
     WriterFailed,
     WriterPool,
 )
-from recovery.ingest import UnstorableDelivery, delivery_to_row, source_of
-from recovery.topology import Names
+from recovery.db import database_conninfo
+from recovery.errors import UnstorableDelivery
 
 log = logging.getLogger(__name__)
 
@@ -53,25 +55,6 @@ BATCH_MAX_BYTES = 16 * 1024 * 1024
 # Consumer-side wake-up: how long to wait for a delivery before looking at the clock again.
 POLL_SECONDS = 0.05
 HEARTBEAT = 30  # AMQP heartbeat (s); a dead TCP peer is noticed within two of them
-
-
-def database_conninfo(alias="default"):
-    """psycopg connection string for the Django database (the test database inside tests)."""
-    cfg = connections[alias].settings_dict
-    return psycopg.conninfo.make_conninfo(
-        dbname=cfg["NAME"],
-        user=cfg["USER"] or None,
-        password=cfg["PASSWORD"] or None,
-        host=cfg["HOST"] or None,
-        port=cfg["PORT"] or None,
-        application_name="lazarus-collector",
-        connect_timeout=10,
-        # A database host that vanishes without a RST must not hang a batch forever.
-        keepalives=1,
-        keepalives_idle=10,
-        keepalives_interval=5,
-        keepalives_count=3,
-    )
 
 
 class Window:
@@ -292,7 +275,7 @@ def start_collectors(vhosts=None, names=None, conninfo=None, writers=None, **tun
     Returns (stop_event, threads); ``stop_collectors`` stops them all.
     """
     names = names or Names.from_settings()
-    conninfo = conninfo or database_conninfo()
+    conninfo = conninfo or database_conninfo("lazarus-collector")
     stop_event = threading.Event()
     pool = WriterPool(conninfo, writers or settings.COLLECTOR_WRITERS, stop_event)
     threads = [

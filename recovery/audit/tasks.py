@@ -6,9 +6,9 @@ from celery import shared_task
 @shared_task(name="recovery.audit_tasks.nightly_audit")
 def nightly_audit(date=None):
     """Audit yesterday (UTC) unless a date (YYYY-MM-DD) is given; returns the run id."""
-    # Imported here: recovery.audit pulls in pyarrow and numpy (~80 MB), which every worker
+    # Imported here: recovery.audit.run pulls in pyarrow and numpy (~80 MB), which every worker
     # would otherwise carry, the collector's included, for a task that runs once a night.
-    from recovery.audit import run_audit
+    from recovery.audit.run import run_audit
 
     day = (
         datetime.date.fromisoformat(date)

@@ -8,8 +8,8 @@ import math
 from django.conf import settings
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 
-from recovery.filters import MessageFilterForm, apply_filters
 from recovery.models import Message, Status
+from recovery.search.filters import MessageFilterForm, apply_filters
 
 VIAS = ("console", "api", "system")
 MAX_MESSAGE_IDS = 100_000
@@ -172,3 +172,19 @@ def clean_options(
         "breaker_threshold_pct": breaker or None,
         "via": via,
     }
+
+
+def job_queryset(job):
+    """The messages a job covers: as the operator saw them when making it. Collected after it
+    was made, or replayed after it was made (by another job, or one click), they are not in it
+    — the job would otherwise send again what was sent meanwhile."""
+    form = clean_filters(job.filters or None)
+    data = form.cleaned_data if form else {}
+    return selection_queryset(
+        data, job.message_ids or None, job.group_key, job.allowed_statuses, until=job.created_at
+    ).exclude(last_replayed_at__gt=job.created_at)
+
+
+def selection_sql(job):
+    """(sql, params) selecting ``id, replay_count`` of the job's messages (for the snapshot)."""
+    return job_queryset(job).values_list("id", "replay_count").query.sql_with_params()

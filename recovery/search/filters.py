@@ -7,8 +7,8 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.db.models.expressions import RawSQL
 
-from recovery import search_index
 from recovery.models import Kind, Message, Reason, Status
+from recovery.search import index as search_index
 
 
 def _choices(enum):

@@ -27,13 +27,14 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from recovery.broker import Management
-from recovery.collector import database_conninfo
+from recovery.broker.management import Management
+from recovery.db import database_conninfo
+from recovery.errors import AuditError
 from recovery.models import AuditInputGap, AuditRun, AuditWindow
 
 log = logging.getLogger(__name__)
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SPARK_ENTRY = REPO / "spark" / "audit.py"
 
 STORE_EXPORT_COLUMNS = pa.schema(
@@ -53,10 +54,6 @@ STORE_EXPORT_COLUMNS = pa.schema(
 )
 EXPORT_TYPES = ["int8", *["text"] * 7, "timestamptz", "int4", "timestamptz"]
 EXPORT_BATCH_ROWS = 50_000  # bounded memory however large the slice
-
-
-class AuditError(RuntimeError):
-    pass
 
 
 def day_bounds(day, grace):
@@ -80,7 +77,7 @@ def export_store(day, grace, path, conninfo=None):
     """
     rows = 0
     with (
-        psycopg.connect(conninfo or database_conninfo()) as conn,
+        psycopg.connect(conninfo or database_conninfo("lazarus-audit")) as conn,
         conn.cursor() as cur,
         pq.ParquetWriter(path, STORE_EXPORT_COLUMNS) as writer,
         cur.copy(query, (start, end)) as copy,
@@ -318,7 +315,7 @@ def _evidence_rows(run_id, name, rows):
 
 def copy_evidence(run, out_dir, conninfo=None):
     """COPY each evidence Parquet file (one Spark partition each) into recovery_auditevidence."""
-    with psycopg.connect(conninfo or database_conninfo()) as conn:
+    with psycopg.connect(conninfo or database_conninfo("lazarus-audit")) as conn:
         for name in ("lost", "duplicates", "orphans"):
             folder = Path(out_dir) / name
             for part in sorted(folder.glob("*.parquet")) if folder.exists() else []:

@@ -26,8 +26,8 @@ import json
 import logging
 
 import psycopg
-from django.db import connections
 
+from recovery.db import database_conninfo
 from recovery.replay.one import STRIPPED_HEADERS
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ def id_array(ids):
     return "{" + ",".join(map(str, ids)) + "}"
 
 
-# The outcomes of one batch, in one statement (recovery.replay.store.JobStore.record). Items
+# The outcomes of one batch, in one statement (recovery.replay.job_store.JobStore.record). Items
 # still claimed by this runner (the fence) take their outcome; a confirmed message becomes
 # replayed (count + 1), one that was replayed before and fails now needs attention again
 # (pending) and shows why; each written outcome gets its attempt and its activity row; the job
@@ -116,22 +116,6 @@ SELECT outcome, n FROM counted
 """
 
 
-def database_conninfo(alias="default", application_name="lazarus-replay"):
-    """psycopg connection string for the Django database (the test database inside tests)."""
-    cfg = connections[alias].settings_dict
-    return psycopg.conninfo.make_conninfo(
-        dbname=cfg["NAME"],
-        user=cfg["USER"] or None,
-        password=cfg["PASSWORD"] or None,
-        host=cfg["HOST"] or None,
-        port=cfg["PORT"] or None,
-        application_name=application_name,
-        connect_timeout=10,
-        keepalives=1,
-        keepalives_idle=30,
-    )
-
-
 class Claimed:
     """One claimed message, as the runner needs it to publish."""
 
@@ -171,7 +155,7 @@ class JobStore:
     def __init__(self, job_id, runner_id, conninfo=None):
         self.job_id = job_id
         self.runner_id = runner_id
-        self.conninfo = conninfo or database_conninfo()
+        self.conninfo = conninfo or database_conninfo("lazarus-replay")
         self.pg = None
         self.previous_runner = None
         # Claims walk the job's pending items upwards from here (see claim).
