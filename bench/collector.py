@@ -23,6 +23,14 @@ After each drain the search indexer (recovery.search.index) indexes the drained 
 rate is printed: the collector no longer pays for the trigram search index, the indexer does,
 right behind it (Celery beat), so this is the rate at which search catches up with a drain.
 
+Race (``--race [N]``, default 30,000): the case operators live through. An application queue
+holds N 1 KiB messages; a consumer that starts failing takes them and
+``basic.nack(multiple=True, requeue=False)``s every 1,000 (bench/_race.py), so the broker
+dead-letters *while* the collector drains. The clock starts with the rejecter and stops when the
+store holds all N. The raw contestant is raced the same way on a quorum DLQ of its own (the raw
+drainer of drain_baseline.py, as its own process), in the same run; prints ``race ratio`` beside
+the quiet one.
+
 RSS: fills N (default 1M) dead letters, drains them with one worker process and prints its
 resident set size every few seconds, then the peak.
 
@@ -290,6 +298,129 @@ def index_drained():
     return indexed / (time.perf_counter() - started)
 
 
+RACE_QUEUE = "bench.race"
+
+
+def _race_process(*argv):
+    """Start a bench/_race.py side and wait until it consumes."""
+    child = subprocess.Popen(
+        [sys.executable, "-m", "bench._race", *argv], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    if child.stdout.readline().strip() != "ready":
+        child.kill()
+        raise SystemExit(f"bench._race {argv[0]} did not start")
+    return child
+
+
+def _fill_race_queue(url, n, dead_letter_exchange):
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    channel = conn.channel()
+    channel.queue_delete(RACE_QUEUE)
+    channel.queue_declare(
+        RACE_QUEUE, durable=True, arguments={"x-dead-letter-exchange": dead_letter_exchange}
+    )
+    for i in range(n):
+        channel.basic_publish(
+            "", RACE_QUEUE, BODY, pika.BasicProperties(delivery_mode=2, message_id=f"r{i}")
+        )
+        if i % 20000 == 19999:
+            conn.process_data_events(0)
+    while channel.queue_declare(RACE_QUEUE, passive=True).method.message_count < n:
+        time.sleep(0.2)
+    conn.close()
+
+
+def race_collector(vhost, n, args):
+    """The collector drains while the broker dead-letters N rejects: msg/s and CPU per message."""
+    pg = psycopg.connect(BENCH_DB, autocommit=True)
+    pg.execute("TRUNCATE recovery_message RESTART IDENTITY CASCADE")
+    pg.execute("VACUUM ANALYZE recovery_message")
+    _fill_race_queue(vhost_url(vhost), n, settings.RECOVERY_DLX)
+    backends = BackendCpu(pg, "lazarus-collector")
+    log_path = ROOT / "var" / f"bench-collector-race-{os.getpid()}.log"
+    worker = start_worker(vhost, args, log_path)
+    expected = collector_process_count(
+        settings.COLLECTOR_PROCESSES if args.processes is None else args.processes
+    )
+    amqp = pika.BlockingConnection(pika.URLParameters(vhost_url(vhost)))
+    try:
+        deadline = time.monotonic() + 120
+        while amqp.channel().queue_declare(DLQ, passive=True).method.consumer_count < expected:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the collector did not start; see {log_path}")
+            time.sleep(0.2)
+        amqp.close()
+        cpu_before = tree_cpu_seconds(worker.pid)
+        started = time.perf_counter()
+        rejecter = _race_process("reject", vhost_url(vhost), RACE_QUEUE, str(n))
+        deadline = time.monotonic() + max(120, n / 200)
+        last_sample = 0.0
+        while not (progress(pg) >= n and store_count(pg) >= n):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"race stalled at {progress(pg)}/{n}; see {log_path}")
+            if time.perf_counter() - last_sample >= 1.0:
+                last_sample = time.perf_counter()
+                backends.sample()
+            time.sleep(0.05)
+        elapsed = time.perf_counter() - started
+        backends.sample()
+        used = sum(s - cpu_before.get(p, 0.0) for p, s in tree_cpu_seconds(worker.pid).items())
+        if rejecter.wait(timeout=30):
+            raise SystemExit("the rejecter failed")
+        stored = store_count(pg)
+        if stored != n:
+            raise SystemExit(f"race stored {stored} rows for {n} messages")
+    finally:
+        stop_worker(worker)
+        pg.close()
+        if amqp.is_open:
+            amqp.close()
+    return n / elapsed, {"collector": used / n * 1e6, "postgres": backends.total() / n * 1e6}
+
+
+def race_raw(n, management):
+    """The raw drainer raced the same way, on its own quorum DLQ in its own vhost."""
+    vhost = f"lazarus-bench-{os.getpid()}-race-raw"
+    make_vhost(management, vhost)
+    url = vhost_url(vhost)
+    try:
+        conn = pika.BlockingConnection(pika.URLParameters(url))
+        channel = conn.channel()
+        channel.exchange_declare("race.dlx", "fanout", durable=True)
+        channel.queue_declare("race.dlq", durable=True, arguments={"x-queue-type": "quorum"})
+        channel.queue_bind("race.dlq", "race.dlx")
+        conn.close()
+        _fill_race_queue(url, n, "race.dlx")
+        drainer = _race_process("raw-drain", url, "race.dlq", str(n), BENCH_DB)
+        started = time.perf_counter()
+        rejecter = _race_process("reject", url, RACE_QUEUE, str(n))
+        out, _ = drainer.communicate(timeout=max(120, n / 200))
+        elapsed = time.perf_counter() - started
+        if drainer.returncode or rejecter.wait(timeout=30):
+            raise SystemExit(f"the raw race failed: {out}")
+    finally:
+        management.delete_vhost(vhost)
+    return n / elapsed
+
+
+def race(vhost, n, args, management):
+    print(f"race: {n} 1 KiB messages rejected (nack every 1,000) while being drained")
+    rates, raws = [], []
+    for _round in range(args.rounds):
+        rate, cpu = race_collector(vhost, n, args)
+        rates.append(rate)
+        print(
+            f"  collector race {rate:9.0f} msg/s  (CPU per message: collector "
+            f"{cpu['collector']:.0f} us, its PostgreSQL backends {cpu['postgres']:.0f} us)"
+        )
+        raw = race_raw(n, management)
+        raws.append(raw)
+        print(f"  raw race       {raw:9.0f} msg/s   this round: {rate / raw:.2f}")
+    rate, raw = max(rates), max(raws)
+    print(f"race ratio: collector / raw = {rate:.0f} / {raw:.0f} = {rate / raw:.2f}")
+    return rate / raw
+
+
 def run_baseline(n, management):
     vhost = f"lazarus-bench-{os.getpid()}-baseline"
     make_vhost(management, vhost)
@@ -320,6 +451,14 @@ def main():
     parser.add_argument("n", nargs="?", type=int, default=100_000)
     parser.add_argument("--rss", type=int, default=0, help="also drain this many, sampling RSS")
     parser.add_argument("--rss-only", action="store_true")
+    parser.add_argument(
+        "--race",
+        type=int,
+        nargs="?",
+        const=30_000,
+        default=0,
+        help="also race N rejects being dead-lettered while drained (default 30000)",
+    )
     parser.add_argument("--skip-baseline", action="store_true")
     parser.add_argument("--in-process", action="store_true")
     parser.add_argument("--prefetch", type=int)
@@ -338,6 +477,7 @@ def main():
     make_vhost(management, vhost)
     try:
         wire(vhost)
+        quiet = None
         if not args.rss_only:
             print(f"collector drain of {args.n} 1 KiB dead letters, {args.rounds} round(s)")
             rates, baselines = [], []
@@ -360,7 +500,12 @@ def main():
             if baselines:
                 baseline = max(baselines)
                 # Best of each: other load on the machine only ever slows a run down.
-                print(f"collector / baseline = {rate:.0f} / {baseline:.0f} = {rate / baseline:.2f}")
+                quiet = rate / baseline
+                print(f"collector / baseline = {rate:.0f} / {baseline:.0f} = {quiet:.2f}")
+        if args.race:
+            race_ratio = race(vhost, args.race, args, management)
+            if quiet is not None:
+                print(f"quiet ratio {quiet:.2f}, race ratio {race_ratio:.2f}")
         if args.rss or args.rss_only:
             n = args.rss or 1_000_000
             print(f"collector RSS while draining {n} 1 KiB dead letters")
