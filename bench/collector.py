@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/collector.py [N]           # default 100000
     .venv/bin/python bench/collector.py --rss 1000000  # peak RSS while draining 1M messages
-    options: --skip-baseline, --rss-only, --in-process (SourceCollector threads instead of a
+    options: --skip-baseline, --as-run (the worker as `make run` starts it, beat included),
+             --rss-only, --in-process (SourceCollector threads instead of a
              real ``celery -A console worker --collector`` process), --prefetch P --batch B
 
 Drain: fills ``recovery.dead_letters`` with N real 1 KiB dead letters (published to an app queue
@@ -172,9 +173,17 @@ def start_worker(vhost, args, log_path):
         env["COLLECTOR_BATCH_SIZE"] = str(args.batch)
     if args.processes is not None:
         env["COLLECTOR_PROCESSES"] = str(args.processes)
+    if args.as_run:
+        # The worker as scripts/run.sh starts it (prefork, its task queue), with beat embedded,
+        # so the search indexer and the counts run behind the collector as they do in the product.
+        pool = ["--concurrency", "2", "-B", "-s", str(ROOT / "var" / f"bench-beat-{os.getpid()}")]
+        pool += ["-Q", settings.CELERY_TASK_DEFAULT_QUEUE]
+    else:
+        pool = ["--pool", "solo", "-Q", f"lazarus.bench.{os.getpid()}"]
     return subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "console", "worker", "--collector"]
-        + ["--pool", "solo", "-l", "warning", "-Q", f"lazarus.bench.{os.getpid()}"],
+        + pool
+        + ["-l", "warning"],
         cwd=ROOT,
         env=env,
         stdout=log_path.open("wb"),
@@ -365,17 +374,27 @@ def race_collector(vhost, n, args):
         elapsed = time.perf_counter() - started
         backends.sample()
         used = sum(s - cpu_before.get(p, 0.0) for p, s in tree_cpu_seconds(worker.pid).items())
+        processes = len(process_tree(worker.pid))
         if rejecter.wait(timeout=30):
             raise SystemExit("the rejecter failed")
         stored = store_count(pg)
         if stored != n:
             raise SystemExit(f"race stored {stored} rows for {n} messages")
+        # Rows per committed batch: every row of one COPY transaction shares its xmin.
+        commits = pg.execute(
+            "SELECT count(DISTINCT xmin::text::bigint) FROM recovery_message"
+        ).fetchone()[0]
     finally:
         stop_worker(worker)
         pg.close()
         if amqp.is_open:
             amqp.close()
-    return n / elapsed, {"collector": used / n * 1e6, "postgres": backends.total() / n * 1e6}
+    return n / elapsed, {
+        "collector": used / n * 1e6,
+        "postgres": backends.total() / n * 1e6,
+        "batch": n / commits,
+        "processes": processes,
+    }
 
 
 def race_raw(n, management):
@@ -411,7 +430,8 @@ def race(vhost, n, args, management):
         rates.append(rate)
         print(
             f"  collector race {rate:9.0f} msg/s  (CPU per message: collector "
-            f"{cpu['collector']:.0f} us, its PostgreSQL backends {cpu['postgres']:.0f} us)"
+            f"{cpu['collector']:.0f} us in {cpu['processes']} process(es), its PostgreSQL "
+            f"backends {cpu['postgres']:.0f} us; {cpu['batch']:.0f} rows per commit)"
         )
         raw = race_raw(n, management)
         raws.append(raw)
@@ -460,6 +480,11 @@ def main():
         help="also race N rejects being dead-lettered while drained (default 30000)",
     )
     parser.add_argument("--skip-baseline", action="store_true")
+    parser.add_argument(
+        "--as-run",
+        action="store_true",
+        help="start the worker as scripts/run.sh does (prefork 2, beat: indexer and counts run)",
+    )
     parser.add_argument("--in-process", action="store_true")
     parser.add_argument("--prefetch", type=int)
     parser.add_argument("--batch", type=int)
