@@ -7,7 +7,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model, password_validation
 from django.core.exceptions import ValidationError
 
-from recovery.client import headers as header_codec
+from recovery.broker.codec import json_headers_problem
 from recovery.models import Role
 from recovery.search.filters import MessageFilterForm
 
@@ -97,12 +97,14 @@ class EditReplayForm(TargetForm):
             value = json.loads(raw)
         except ValueError as exc:
             raise ValidationError(f"Not valid JSON: {exc}") from None
+        except RecursionError:
+            raise ValidationError("Not valid JSON: nested too deep.") from None
         if not isinstance(value, dict):
             raise ValidationError("Headers must be a JSON object.")
-        try:
-            header_codec.headers_from_json(value)
-        except (TypeError, ValueError, KeyError) as exc:
-            raise ValidationError(f"Not a valid header table: {exc}") from None
+        # The API's rule (recovery.api.serializers): what cannot go on the wire is refused here.
+        problem = json_headers_problem(value)
+        if problem is not None:
+            raise ValidationError(f"Not a valid header table: {problem}")
         return value
 
     def body_bytes(self):

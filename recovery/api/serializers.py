@@ -1,12 +1,11 @@
 import base64
 
-import pika.data
 from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from recovery.api.params import StrictCharField, StrictIntegerChoiceField
-from recovery.client import headers as header_codec
+from recovery.broker.codec import json_headers_problem
 from recovery.models import Message, ReplayAttempt
 
 
@@ -120,14 +119,11 @@ class ReplayRequestSerializer(TargetSerializer):
     )
 
     def validate_headers(self, value):
-        # Decode and AMQP-encode now: a header pika cannot encode must be a 400 here, not a
-        # failure halfway through a publish.
-        try:
-            pika.data.encode_table([], header_codec.headers_from_json(value))
-        except Exception as exc:  # noqa: BLE001 - any decode/encode failure is bad input
-            raise serializers.ValidationError(
-                f"Not AMQP-encodable tagged-JSON headers: {type(exc).__name__}: {exc}"
-            ) from None
+        # Decode and AMQP-encode now: a header pika cannot encode (or nested too deep, or larger
+        # than a frame) must be a 400 here, not a failure halfway through a publish.
+        problem = json_headers_problem(value)
+        if problem is not None:
+            raise serializers.ValidationError(f"Not AMQP-encodable tagged-JSON headers: {problem}")
         return value
 
     def validate_body_base64(self, value):

@@ -11,9 +11,13 @@ and would re-encode it as a byte array ('x'); here it becomes ``headers.LongByte
 out as 'S'. And a timestamp ('T') too large for a datetime (a client sending milliseconds as
 seconds) would make pika's decoder raise, killing the consumer's connection on every redelivery:
 here it becomes ``headers.RawTimestamp`` and goes back out unchanged. Likewise a headers table
-nested deeper than Python's recursion limit (a few hundred levels) would kill the connection on
-every redelivery: it is kept undecoded (``headers.UndecodableHeaders``), and sent again byte for
-byte.
+nested deeper than ``headers.MAX_HEADER_DEPTH`` (or than Python's recursion limit) would kill
+the connection on every redelivery: it is kept undecoded (``headers.UndecodableHeaders``), and
+sent again byte for byte.
+
+``unpublishable(properties)`` says, before a replay publishes, why properties cannot go on the
+wire (they do not encode, or they exceed a frame): such a message is failed with that reason, not
+retried as if the broker were away.
 
 The decoding side is a complete table decoder of its own, not a wrapper: it is the collector's
 hottest code (every header of every drained message) and runs at about twice pika's speed.
@@ -24,9 +28,18 @@ import struct
 
 import pika.data
 import pika.exceptions
+import pika.spec
 from pika.compat import long
 
-from recovery.client.headers import LongBytes, RawTimestamp, UndecodableHeaders, datetime_or_none
+from recovery.client.headers import (
+    MAX_HEADER_DEPTH,
+    LongBytes,
+    RawTimestamp,
+    UndecodableHeaders,
+    datetime_or_none,
+    headers_from_json,
+    nesting_depth,
+)
 
 _original_encode_value = pika.data.encode_value
 _original_encode_table = pika.data.encode_table
@@ -80,7 +93,11 @@ def _timestamp(seconds):
     return moment
 
 
-def _value(encoded, offset):
+class _TooDeep(Exception):
+    pass
+
+
+def _value(encoded, offset, depth=0):
     kind = encoded[offset]
     offset += 1
     if kind == 83:  # S: long string (text by convention; bytes that are not UTF-8 stay 'S')
@@ -91,13 +108,15 @@ def _value(encoded, offset):
         except UnicodeDecodeError:
             return LongBytes(value), end
     if kind == 70:  # F: table
-        return _table(encoded, offset)
+        return _table(encoded, offset, depth + 1)
     if kind == 65:  # A: array
+        if depth >= MAX_HEADER_DEPTH:
+            raise _TooDeep
         end = offset + 4 + _u32(encoded, offset)[0]
         offset += 4
         items = []
         while offset < end:
-            item, offset = _value(encoded, offset)
+            item, offset = _value(encoded, offset, depth + 1)
             items.append(item)
         return items, offset
     if kind == 84:  # T: timestamp (seconds)
@@ -134,7 +153,9 @@ def _value(encoded, offset):
     raise pika.exceptions.InvalidFieldTypeException(encoded[offset - 1 : offset])
 
 
-def _table(encoded, offset):
+def _table(encoded, offset, depth=1):
+    if depth > MAX_HEADER_DEPTH:
+        raise _TooDeep
     end = offset + 4 + _u32(encoded, offset)[0]
     offset += 4
     result = {}
@@ -145,7 +166,7 @@ def _table(encoded, offset):
             key = key.decode("utf8")
         except UnicodeDecodeError:
             pass
-        result[key], offset = _value(encoded, key_end)
+        result[key], offset = _value(encoded, key_end, depth)
     return result, offset
 
 
@@ -161,7 +182,7 @@ def decode_table(encoded, offset):
         encoded = bytes(encoded)
     try:
         return _table(encoded, offset)
-    except RecursionError:
+    except (_TooDeep, RecursionError):
         size = _u32(encoded, offset)[0]
         raw = bytes(encoded[offset + 4 : offset + 4 + size])
         return UndecodableHeaders(raw), offset + 4 + size
@@ -181,6 +202,47 @@ def encode_table(pieces, table):
     size += len(table.raw)
     pieces[length_index] = struct.pack(">I", size)
     return size + 4
+
+
+# A content header frame: type, channel, size (7 bytes), end marker (1); its payload: class id,
+# weight, body size, property flags (14 bytes) before the properties.
+_CONTENT_HEADER_OVERHEAD = 8 + 14
+# RabbitMQ's default frame_max (and pika's); a content header must fit in one frame.
+DEFAULT_FRAME_MAX = 131072
+
+
+def unpublishable(properties, frame_max=DEFAULT_FRAME_MAX):
+    """Why ``properties`` cannot be published (a reason for the operator), or None if they can."""
+    headers = properties.headers
+    if isinstance(headers, dict) and not isinstance(headers, UndecodableHeaders):
+        depth = nesting_depth(headers)
+        if depth > MAX_HEADER_DEPTH:
+            return f"headers nested {depth} levels deep; at most {MAX_HEADER_DEPTH} can be sent"
+    try:
+        size = sum(len(piece) for piece in properties.encode())
+    except Exception as exc:  # whatever pika's encoder raises, the message cannot be sent
+        return f"the message's properties cannot be encoded: {type(exc).__name__}: {exc}"[:500]
+    if size + _CONTENT_HEADER_OVERHEAD > frame_max:
+        return (
+            f"headers and properties take {size} bytes; the broker's frame size is {frame_max} "
+            "bytes and they must fit in one frame"
+        )
+    return None
+
+
+def json_headers_problem(headers_json):
+    """Why tagged-JSON headers (an edit from the API or the console) cannot be sent, or None.
+
+    The same rules as a replay (``unpublishable``), checked before anything is decoded deeply:
+    a tag wraps each level in at most one more object, so twice the limit is a safe first cut.
+    """
+    if nesting_depth(headers_json) > 2 * MAX_HEADER_DEPTH:
+        return f"headers nested too deep; at most {MAX_HEADER_DEPTH} levels can be sent"
+    try:
+        headers = headers_from_json(headers_json)
+    except Exception as exc:  # any failure to decode an edit is bad input, said as such
+        return f"not tagged-JSON headers: {type(exc).__name__}: {exc}"[:500]
+    return unpublishable(pika.spec.BasicProperties(headers=headers))
 
 
 def install():

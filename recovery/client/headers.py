@@ -30,6 +30,32 @@ class RawTimestamp(int):
     """An AMQP timestamp ('T') too large for a datetime (e.g. milliseconds sent as seconds)."""
 
 
+# Tables and arrays nested deeper than this are not decoded (``recovery.broker.codec`` keeps
+# them raw and the collector quarantines the message with its reason) and are refused by the API
+# and the console's edit form. One number for both doors, so whatever the store holds can be
+# encoded again: pika's encoder recurses about three frames per level, so a few hundred levels
+# overflow Python's stack on the way out even where they decoded on the way in. No real
+# producer nests headers this deep (x-death is three levels).
+MAX_HEADER_DEPTH = 64
+
+
+def nesting_depth(value):
+    """How deep tables (dicts) and arrays (lists) nest in a value; iterative, any depth."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        depth += 1
+        deepest = max(deepest, depth)
+        stack.extend((child, depth) for child in children)
+    return deepest
+
+
 class UndecodableHeaders(dict):
     """A headers table nested too deep to decode: its raw entries, sent again as they came.
 

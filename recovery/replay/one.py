@@ -15,6 +15,7 @@ import pika.exceptions
 from django.db import transaction
 from django.utils import timezone
 
+from recovery.broker.codec import unpublishable
 from recovery.broker.connection import connect
 from recovery.client import headers as header_codec
 from recovery.errors import BrokerUnavailable, StateError
@@ -254,7 +255,8 @@ def replay_message(
     delay_seconds) for a bad target; StateError (a ReplayError and a ValidationError) if the
     message is not replayable now (its status, or a job holds it); BrokerUnavailable (a
     ReplayError) if RabbitMQ cannot be reached. In every case nothing was sent and the message is
-    left as it was.
+    left as it was. Properties that cannot go on the wire (``unpublishable``: nested too deep,
+    larger than a frame) make a ``failed`` attempt with the reason, and nothing is sent.
     """
     target = validate_target(exchange, routing_key, queue, delay_seconds)
     claimed = claim(message.pk)
@@ -269,10 +271,18 @@ def replay_message(
         publish_exchange, publish_key = target.route(final_exchange, final_key)
         replayed_by = user.get_username() if user is not None else via
         properties, payload = wire_message(claimed, replayed_by, headers, body)
-        if delay_seconds:
-            ensure_delay_routes(claimed.vhost, delay_seconds, [final_exchange])
-        with Publisher(claimed.vhost) as publisher:
-            outcome, detail = publisher.publish(publish_exchange, publish_key, properties, payload)
+        refused = unpublishable(properties)
+        if refused is not None:
+            # Sending it would fail the same way every time: a failed attempt with the reason,
+            # never "broker unavailable" (which invites retries).
+            outcome, detail = ReplayAttempt.Outcome.FAILED, refused
+        else:
+            if delay_seconds:
+                ensure_delay_routes(claimed.vhost, delay_seconds, [final_exchange])
+            with Publisher(claimed.vhost) as publisher:
+                outcome, detail = publisher.publish(
+                    publish_exchange, publish_key, properties, payload
+                )
     except (pika.exceptions.AMQPError, OSError) as exc:
         Message.objects.filter(pk=claimed.pk, status=Status.REPLAYING).update(
             status=previous_status, status_reason=f"broker unavailable: {exc!r}"

@@ -35,6 +35,7 @@ import psycopg
 from django.conf import settings
 from django.utils import timezone
 
+from recovery.broker.codec import unpublishable
 from recovery.models import Activity, ReplayJob
 from recovery.replay.job_store import JobStore
 from recovery.replay.one import wire_from_columns
@@ -413,6 +414,13 @@ class JobRunner:
             properties, body = wire_from_columns(
                 c.message_id, c.properties, c.headers, c.body, c.replay_count, self.replayed_by, now
             )
+            refused = unpublishable(properties)
+            if refused is not None:
+                # Never sent, never retried: failed with its reason, and the job goes on.
+                self.results.append(
+                    (c.item_id, c.message_id, "failed", refused, final_exchange, final_key)
+                )
+                continue
             buffer.append(
                 (c.vhost, Entry(c.item_id, exchange, key, properties, body, c.message_id))
             )
