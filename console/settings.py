@@ -344,13 +344,27 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_TASK_DEFAULT_QUEUE", "lazarus.tasks")
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
+# Error pages (DEBUG or not) and error mails mask passwords inside URL settings as well.
+DEFAULT_EXCEPTION_REPORTER_FILTER = "console.redaction.CredentialFilter"
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # Passwords inside URLs (RABBITMQ_URL, DATABASE_URL, ...) are masked in every log line.
+    "filters": {"mask_credentials": {"()": "console.redaction.MaskCredentials"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain",
+            "filters": ["mask_credentials"],
+        }
+    },
     "loggers": {
         "recovery": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
         "pika": {"handlers": ["console"], "level": "WARNING"},
+        # Django's own (django.request logs every 500 with its traceback) through the same
+        # masking handler instead of Django's default one.
+        "django": {"handlers": ["console"], "level": "INFO"},
     },
 }

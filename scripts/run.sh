@@ -25,4 +25,7 @@ pids+=($!)
 $M runserver "127.0.0.1:$PORT" --noreload &
 pids+=($!)
 echo "Lazarus console: http://127.0.0.1:$PORT/  (Ctrl-C stops everything)"
+if [ "$DEBUG" = "true" ]; then
+  echo "DEBUG is on (a demo): listening on 127.0.0.1 only. Never expose this; see docs for production."
+fi
 wait -n "${pids[@]}"
