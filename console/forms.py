@@ -9,7 +9,7 @@ from django.core.exceptions import ValidationError
 
 from recovery.broker.codec import json_headers_problem
 from recovery.models import Role
-from recovery.search.filters import MessageFilterForm
+from recovery.search.filters import MessageFilterForm, UTCDateTimeField
 
 MAX_BULK_IDS = 1000
 
@@ -151,7 +151,9 @@ class JobForm(MessageFilterForm):
     )
     rate = forms.FloatField(required=False, min_value=0.1, label="Rate (msgs/s)")
     include_poisoned = forms.BooleanField(required=False, label="Include poisoned")
-    canary_size = forms.IntegerField(required=False, min_value=0, label="Canary size")
+    canary_size = forms.IntegerField(
+        required=False, min_value=0, max_value=2_147_483_647, label="Canary size"
+    )
     canary_pause_seconds = forms.IntegerField(
         required=False, min_value=0, max_value=3600, label="Canary pause (s)"
     )
@@ -266,8 +268,8 @@ class ActivityFilterForm(forms.Form):
     via = forms.ChoiceField(choices=VIA, required=False)
     message = forms.IntegerField(required=False, min_value=1, label="Message #")
     job = forms.IntegerField(required=False, min_value=1, label="Job #")
-    since = forms.DateTimeField(required=False)
-    until = forms.DateTimeField(required=False)
+    since = UTCDateTimeField(required=False)
+    until = UTCDateTimeField(required=False)
 
     def apply(self, queryset):
         data = self.cleaned_data
@@ -325,7 +327,7 @@ class EvidenceFilterForm(forms.Form):
         ("pending", "pending"),
     ]
     kind = forms.CharField(required=False, max_length=32, widget=forms.Select(choices=KINDS))
-    window = forms.DateTimeField(required=False, label="Window start")
+    window = UTCDateTimeField(required=False, label="Window start")
     exchange = forms.CharField(required=False, max_length=255)
     consumer_group = forms.CharField(required=False, max_length=255, label="Consumer group")
     message_id = forms.CharField(required=False, max_length=255)

@@ -209,7 +209,7 @@ REST_FRAMEWORK = {
     "PAGE_SIZE": 50,
     # JSON in, JSON out: one media type the schema describes exactly (no browsable/form variants).
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["recovery.api.parsers.JSONParser"],
     "DEFAULT_THROTTLE_CLASSES": ["recovery.api.throttling.TokenRateThrottle"],
     # Every error is application/problem+json (recovery/api/errors.py).
     "EXCEPTION_HANDLER": "recovery.api.errors.exception_handler",

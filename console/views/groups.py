@@ -20,7 +20,10 @@ class GroupFilterForm(forms.Form):
     reason = forms.ChoiceField(choices=[("", "any")] + list(Reason.choices), required=False)
     open_only = forms.BooleanField(required=False, label="With open messages only")
     sort = forms.ChoiceField(choices=SORTS, required=False)
-    page = forms.IntegerField(required=False, min_value=1, widget=forms.HiddenInput)
+    # Bounded: OFFSET takes a bigint, and no one pages a million deep (sort or filter instead).
+    page = forms.IntegerField(
+        required=False, min_value=1, max_value=1_000_000, widget=forms.HiddenInput
+    )
 
     def apply(self, queryset):
         data = self.cleaned_data

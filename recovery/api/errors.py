@@ -10,7 +10,8 @@ nested fields are dotted (``target.exchange``) and errors not tied to a field ar
 import logging
 from http import HTTPStatus
 
-from django.core.exceptions import NON_FIELD_ERRORS
+from django.conf import settings
+from django.core.exceptions import NON_FIELD_ERRORS, RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import JsonResponse
 from django.views import defaults
@@ -106,10 +107,21 @@ def django_error_detail(exc):
     }
 
 
+class RequestTooLarge(exceptions.APIException):
+    status_code = 413
+    default_detail = "The request body is larger than this server accepts."
+    default_code = "request_too_large"
+
+
 def exception_handler(exc, context):
     """REST_FRAMEWORK["EXCEPTION_HANDLER"]: every exception a view raises -> a problem."""
     request = context.get("request")
     instance = request.path if request is not None else ""
+    if isinstance(exc, RequestDataTooBig):
+        exc = RequestTooLarge(
+            f"The request body is larger than this server accepts "
+            f"({settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes)."
+        )
     if isinstance(exc, DjangoValidationError):
         # Domain code (recovery.replay.jobs, recovery.replay) raises Django's ValidationError.
         exc = exceptions.ValidationError(django_error_detail(exc))
@@ -139,6 +151,12 @@ def exception_handler(exc, context):
 
 def _is_api(request):
     return request.path.startswith("/api/")
+
+
+def api_not_found(request, path=""):
+    """The last /api/ URL: an unknown endpoint is a problem+json 404 whatever DEBUG says
+    (handler404 only runs with DEBUG off; Django's HTML debug page is no answer for a client)."""
+    return handler404(request)
 
 
 def handler404(request, exception=None):

@@ -1,6 +1,7 @@
 """The one message filter, shared by the console list, the API and bulk replay jobs."""
 
 import contextlib
+import datetime
 
 from django import forms
 from django.db import connection, transaction
@@ -9,6 +10,17 @@ from django.db.models.expressions import RawSQL
 
 from recovery.models import Kind, Message, Reason, Status
 from recovery.search import index as search_index
+
+
+class UTCDateTimeField(forms.DateTimeField):
+    """A date-time converted to UTC: PostgreSQL refuses offsets beyond ±15:59 (a user may type
+    ``+20:00``; Python accepts up to ±23:59), and UTC is what the store keeps anyway."""
+
+    def to_python(self, value):
+        value = super().to_python(value)
+        if value is not None and value.tzinfo is not None:
+            value = value.astimezone(datetime.UTC)
+        return value
 
 
 def _choices(enum):
@@ -23,8 +35,8 @@ class MessageFilterForm(forms.Form):
     status = forms.ChoiceField(choices=_choices(Status), required=False)
     vhost = forms.CharField(required=False, max_length=255)
     group = forms.CharField(required=False, max_length=64)
-    since = forms.DateTimeField(required=False)
-    until = forms.DateTimeField(required=False)
+    since = UTCDateTimeField(required=False)
+    until = UTCDateTimeField(required=False)
     q = forms.CharField(required=False, max_length=500, label="Search")
 
     def filter_dict(self):

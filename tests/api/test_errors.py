@@ -111,3 +111,40 @@ def test_non_ascii_base64_is_a_400_not_a_crash(operator_api):
     response = operator_api.post(f"/api/v1/messages/{message.pk}/replay", {"body_base64": "é"})
     assert response.status_code == 400
     assert response.json()["errors"] == {"body_base64": ["Not valid base64."]}
+
+
+# ---- requests that used to be 500s (#20) -----------------------------------------------------
+
+
+def test_a_body_over_the_upload_limit_is_a_413_problem(operator_api, client, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
+    message = make_message()
+    response = client.post(
+        f"/api/v1/messages/{message.pk}/replay",
+        '{"body_text": "' + "x" * 5000 + '"}',
+        content_type="application/json",
+        **operator_api.headers(),
+    )
+    body = assert_problem(response, 413, "request_too_large")
+    assert "1000 bytes" in body["detail"]
+    message.refresh_from_db()
+    assert message.replay_count == 0
+
+
+def test_json_nested_thousands_deep_is_a_400_problem(operator_api, client):
+    message = make_message()
+    response = client.post(
+        f"/api/v1/messages/{message.pk}/replay",
+        '{"headers": ' + '{"a": ' * 5000 + "1" + "}" * 5001,
+        content_type="application/json",
+        **operator_api.headers(),
+    )
+    body = assert_problem(response, 400, "parse_error")
+    assert "nested too deep" in body["detail"]
+
+
+@pytest.mark.parametrize("debug", [True, False])
+def test_a_missing_api_url_is_a_problem_with_debug_on_or_off(viewer_api, settings, debug):
+    settings.DEBUG = debug
+    for path in ("/api/v1/no-such-thing", "/api/v1/messages/", "/api/v2/messages"):
+        assert_problem(viewer_api.get(path), 404, "not_found")
