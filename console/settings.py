@@ -4,6 +4,7 @@ The helpers below fail loudly (ImproperlyConfigured) on a value they cannot pars
 deployment is an error at start-up, not a silent default at 3 a.m.
 """
 
+import datetime
 import os
 import warnings
 from pathlib import Path
@@ -129,6 +130,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "recovery",
     "console",
+    "axes",
 ]
 
 MIDDLEWARE = [
@@ -142,7 +144,25 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "console.middleware.ContentSecurityPolicyMiddleware",
+    # Last, as django-axes asks: it answers a locked-out login attempt.
+    "axes.middleware.AxesMiddleware",
 ]
+
+# Login throttling (django-axes): after LOGIN_FAILURE_LIMIT failed logins for one username, or
+# from one client address, further attempts are refused (429) for LOGIN_LOCKOUT_MINUTES or until
+# an admin unlocks them on the users page. API tokens are not passwords and are not affected.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 10, minimum=1)
+AXES_COOLOFF_TIME = datetime.timedelta(minutes=env_int("LOGIN_LOCKOUT_MINUTES", 30, minimum=1))
+AXES_LOCKOUT_PARAMETERS = [["username"], ["ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False
+# Behind a reverse proxy set AXES_IPWARE_PROXY_COUNT / AXES_IPWARE_META_PRECEDENCE_ORDER (see
+# django-axes) so the client address is the caller's, not the proxy's.
+AXES_IPWARE_PROXY_COUNT = env_int("LOGIN_PROXY_COUNT", 0, minimum=0) or None
 
 ROOT_URLCONF = "console.urls"
 WSGI_APPLICATION = "console.wsgi.application"
@@ -164,7 +184,10 @@ TEMPLATES = [
 ]
 
 AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 
 LANGUAGE_CODE = "en-us"

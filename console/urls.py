@@ -41,6 +41,7 @@ urlpatterns = [
     path("users/", users.user_list, name="users"),
     path("users/<int:pk>/role", users.user_role, name="user-role"),
     path("users/<int:pk>/active", users.user_active, name="user-active"),
+    path("users/unlock", users.user_unlock, name="user-unlock"),
     path("audits/", audits.audit_list, name="audits"),
     path("audits/<int:pk>/", audits.audit_detail, name="audit"),
     path("audits/<int:pk>/evidence", audits.audit_evidence, name="audit-evidence"),

@@ -1,15 +1,20 @@
 """Users and roles (admins only): create, set the role, deactivate, reactivate."""
 
+from axes.models import AccessAttempt
+from axes.utils import reset
+from django.conf import settings
 from django.contrib import messages as flash
 from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
 from django.db import transaction
+from django.db.models import Sum
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
 from console.access import admin_required
 from console.forms import RoleForm, UserCreateForm
-from recovery.models import Activity, Role, role_of, set_role
+from recovery.models import Activity, ApiToken, Role, role_of, set_role
 
 
 def _users():
@@ -18,6 +23,23 @@ def _users():
         {"user": u, "role": role_of(u), "form": RoleForm(initial={"role": role_of(u)})}
         for u in users
     ]
+
+
+def _lockouts():
+    """Usernames and client addresses django-axes refuses logins for now (failures >= limit
+    within the cool-off), with their failure counts."""
+    since = timezone.now() - settings.AXES_COOLOFF_TIME
+    recent = AccessAttempt.objects.filter(attempt_time__gte=since)
+    limit = settings.AXES_FAILURE_LIMIT
+
+    def locked(field):
+        rows = recent.values(field).annotate(failures=Sum("failures_since_start"))
+        return [
+            {"key": row[field], "failures": row["failures"]}
+            for row in rows.filter(failures__gte=limit).order_by(field)
+        ]
+
+    return {"usernames": locked("username"), "addresses": locked("ip_address")}
 
 
 def _log(request, action, target, **detail):
@@ -42,13 +64,25 @@ def user_list(request):
             _log(request, "user_created", user, role=data["role"])
         flash.success(request, f"Created {user.get_username()} ({data['role']}).")
         return redirect("users")
-    return render(request, "users.html", {"form": form, "users": _users(), "roles": list(Role)})
+    return render(
+        request,
+        "users.html",
+        {"form": form, "users": _users(), "roles": list(Role), "lockouts": _lockouts()},
+    )
 
 
 def _refuse_self(request, user, what):
     """An admin cannot lock themselves out; another admin has to do it."""
     if user.pk == request.user.pk:
         flash.error(request, f"You cannot {what} your own account.")
+        return True
+    return False
+
+
+def _refuse_superuser(request, user):
+    """Only a superuser may change a superuser (an admin role is not enough)."""
+    if user.is_superuser and not request.user.is_superuser:
+        flash.error(request, f"Only a superuser may change {user.get_username()}, a superuser.")
         return True
     return False
 
@@ -63,6 +97,8 @@ def user_role(request, pk):
         flash.error(request, "Choose viewer, operator or admin.")
         return redirect("users")
     role = form.cleaned_data["role"]
+    if _refuse_superuser(request, user):
+        return redirect("users")
     if role != Role.ADMIN and _refuse_self(request, user, "demote"):
         return redirect("users")
     if user.is_superuser and role != Role.ADMIN:
@@ -81,14 +117,46 @@ def user_role(request, pk):
 @require_POST
 def user_active(request, pk):
     user = get_object_or_404(get_user_model(), pk=pk)
-    active = request.POST.get("active") == "1"
+    value = request.POST.get("active")
+    if value not in ("0", "1"):
+        flash.error(request, "active must be 1 (reactivate) or 0 (deactivate).")
+        return redirect("users")
+    active = value == "1"
+    if _refuse_superuser(request, user):
+        return redirect("users")
     if not active and _refuse_self(request, user, "deactivate"):
         return redirect("users")
+    revoked = 0
     with transaction.atomic():
         user.is_active = active
         user.save(update_fields=["is_active"])
-        # A deactivated user's API tokens stop working too (ApiToken.authenticate checks it).
-        _log(request, "user_activated" if active else "user_deactivated", user)
-    verb = "reactivated" if active else "deactivated"
+        if not active:
+            # Revoked, not just suspended: reactivating the user must not revive old tokens.
+            revoked = ApiToken.objects.filter(user=user, revoked_at__isnull=True).update(
+                revoked_at=timezone.now()
+            )
+        detail = {} if active else {"tokens_revoked": revoked}
+        _log(request, "user_activated" if active else "user_deactivated", user, **detail)
+    verb = "reactivated" if active else f"deactivated; {revoked} API token(s) revoked"
     flash.success(request, f"{user.get_username()} {verb}.")
+    return redirect("users")
+
+
+@login_required
+@admin_required
+@require_POST
+def user_unlock(request):
+    """Lift a login lockout (django-axes) of a username or a client address."""
+    username, address = request.POST.get("username", ""), request.POST.get("ip_address", "")
+    if bool(username) == bool(address):
+        flash.error(request, "Give a username or a client address to unlock.")
+        return redirect("users")
+    cleared = reset(username=username) if username else reset(ip=address)
+    Activity.objects.create(
+        user=request.user,
+        action="login_unlocked",
+        via="console",
+        detail={"username": username, "ip_address": address, "attempts_cleared": cleared},
+    )
+    flash.success(request, f"Unlocked {username or address}.")
     return redirect("users")

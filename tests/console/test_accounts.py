@@ -1,0 +1,118 @@
+"""Accounts (#20): logins cannot be guessed, passwords are checked, superusers are protected,
+deactivation revokes API tokens for good."""
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from recovery.models import Activity, ApiToken
+from tests.conftest import make_user
+
+pytestmark = pytest.mark.django_db
+
+PASSWORD = "correct horse battery staple"
+
+
+@pytest.fixture
+def alice():
+    user = make_user("alice", "operator")
+    user.set_password(PASSWORD)
+    user.save()
+    return user
+
+
+@pytest.fixture
+def admin_client(client):
+    client.force_login(make_user("boss", "admin"))
+    return client
+
+
+def login(username, password, address="10.0.0.1"):
+    return Client(REMOTE_ADDR=address).post("/login/", {"username": username, "password": password})
+
+
+def test_wrong_passwords_lock_the_account_until_an_admin_unlocks_it(alice, admin_client):
+    statuses = [login("alice", "guess").status_code for _ in range(10)]
+    assert statuses == [200] * 9 + [429]  # the form again with its error; the 10th locks
+    locked = login("alice", PASSWORD, address="10.0.0.2")  # right password, another address
+    assert locked.status_code == 429
+
+    page = admin_client.get("/users/").content.decode()
+    assert "user <strong>alice</strong>" in page and "address <strong>10.0.0.1</strong>" in page
+
+    assert admin_client.post("/users/unlock", {"username": "alice"}).status_code == 302
+    assert login("alice", PASSWORD, address="10.0.0.2").status_code == 302  # logged in
+    assert Activity.objects.filter(action="login_unlocked", detail__username="alice").exists()
+
+
+def test_one_address_guessing_many_accounts_is_locked_out(alice):
+    for n in range(10):
+        login(f"nobody-{n}", "guess", address="10.9.9.9")
+    assert login("alice", PASSWORD, address="10.9.9.9").status_code == 429
+    assert login("alice", PASSWORD, address="10.0.0.3").status_code == 302
+
+
+def test_api_tokens_work_while_the_password_is_locked_out(alice, client):
+    _token, raw = ApiToken.issue(alice)
+    for _ in range(10):
+        login("alice", "guess")
+    assert login("alice", PASSWORD).status_code == 429
+    response = client.get("/api/v1/me", HTTP_AUTHORIZATION=f"Token {raw}")
+    assert response.status_code == 200, response.content
+
+
+@pytest.mark.parametrize(
+    ("password", "said"),
+    [
+        ("short", "too short"),
+        ("password123", "too common"),
+        ("83920174652910", "entirely numeric"),
+        ("carol-the-operator", "too similar to the username"),
+    ],
+)
+def test_new_users_get_djangos_password_validators(admin_client, password, said):
+    response = admin_client.post(
+        "/users/", {"username": "carol-the-operator", "password": password, "role": "viewer"}
+    )
+    assert response.status_code == 200
+    assert said in response.content.decode()
+    assert not get_user_model().objects.filter(username="carol-the-operator").exists()
+
+
+def test_only_a_superuser_may_change_a_superuser(admin_client):
+    root = get_user_model().objects.create_superuser("root", "", PASSWORD)
+    admin_client.post(f"/users/{root.pk}/active", {"active": "0"})
+    admin_client.post(f"/users/{root.pk}/role", {"role": "viewer"})
+    root.refresh_from_db()
+    assert root.is_active and root.is_superuser
+
+    other_root = Client()
+    other_root.force_login(get_user_model().objects.create_superuser("root2", "", PASSWORD))
+    other_root.post(f"/users/{root.pk}/active", {"active": "0"})
+    root.refresh_from_db()
+    assert not root.is_active
+
+
+@pytest.mark.parametrize("form", [{"active": "yes"}, {"active": "true"}, {}])
+def test_the_active_field_is_validated(admin_client, alice, form):
+    response = admin_client.post(f"/users/{alice.pk}/active", form, follow=True)
+    assert "active must be 1 (reactivate) or 0 (deactivate)" in response.content.decode()
+    alice.refresh_from_db()
+    assert alice.is_active
+
+
+def test_deactivation_revokes_tokens_and_reactivation_does_not_revive_them(
+    admin_client, alice, client
+):
+    _token, raw = ApiToken.issue(alice)
+    auth = {"HTTP_AUTHORIZATION": f"Token {raw}"}
+    assert client.get("/api/v1/me", **auth).status_code == 200
+
+    admin_client.post(f"/users/{alice.pk}/active", {"active": "0"})
+    assert client.get("/api/v1/me", **auth).status_code == 401
+    admin_client.post(f"/users/{alice.pk}/active", {"active": "1"})
+
+    alice.refresh_from_db()
+    assert alice.is_active
+    assert client.get("/api/v1/me", **auth).status_code == 401
+    assert Activity.objects.get(action="user_deactivated").detail["tokens_revoked"] == 1
