@@ -46,6 +46,8 @@ urlpatterns = [
     path("audits/<int:pk>/", audits.audit_detail, name="audit"),
     path("audits/<int:pk>/evidence", audits.audit_evidence, name="audit-evidence"),
     path("healthz", health.healthz, name="healthz"),
+    path("livez", health.livez, name="livez"),
+    path("readyz", health.readyz, name="readyz"),
     path("favicon.ico", health.favicon),
     path("admin/", admin.site.urls),
     path("api/v1/", include("recovery.api.urls")),

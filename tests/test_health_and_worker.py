@@ -13,12 +13,13 @@ from django.conf import settings
 from django.db import connection
 
 from recovery.models import CollectorHeartbeat, Message
-from tests.conftest import wait_for
+from tests.conftest import make_user, wait_for
 
 
 @pytest.mark.django_db(transaction=True)
 def test_healthz_reports_database_broker_and_collector(client, collector, wired):
     wait_for(lambda: CollectorHeartbeat.objects.exists(), message="a collector heartbeat")
+    client.force_login(make_user("health-viewer", "viewer"))  # anonymous callers get no detail
     report = client.get("/healthz").json()
     assert report["database"]["ok"] and report["broker"]["ok"]
     assert report["collector"]["running"]
@@ -115,3 +116,42 @@ def test_a_fresh_worker_does_not_load_the_audits_arrow_and_numpy():
     loaded = in_a_fresh_worker("sorted({m.split('.')[0] for m in sys.modules})")
     assert "recovery" in loaded and "celery" in loaded
     assert not {"pyarrow", "numpy", "pyspark"} & set(loaded)
+
+
+# ---- what anonymous callers and orchestrators see (#18, #20) -------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_anonymous_healthz_says_up_or_down_and_nothing_else(client, collector, wired):
+    wait_for(lambda: CollectorHeartbeat.objects.exists(), message="a collector heartbeat")
+    response = client.get("/healthz")
+    assert response.status_code == 200
+    assert set(response.json()) == {"ok", "database", "broker", "detail"}
+    body = response.content.decode()
+    assert "recovery.dead_letters" not in body and str(os.getpid()) not in body
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_api_token_sees_the_details(client, collector, wired):
+    from recovery.models import ApiToken
+
+    _token, raw = ApiToken.issue(make_user("health-bot", "viewer"))
+    report = client.get("/healthz", HTTP_AUTHORIZATION=f"Token {raw}").json()
+    assert "collector" in report
+
+
+def test_livez_answers_without_the_database_or_the_broker(client, settings):
+    settings.RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:1/%2F"
+    response = client.get("/livez")
+    assert response.status_code == 200 and response.json() == {"ok": True}
+
+
+@pytest.mark.django_db
+def test_readyz_checks_database_migrations_and_broker(client, settings, wired):
+    ready = client.get("/readyz")
+    assert ready.status_code == 200, ready.content
+    assert ready.json()["migrations"] == {"ok": True, "unapplied": 0}
+    settings.RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:1/%2F"
+    down = client.get("/readyz")
+    assert down.status_code == 503
+    assert down.json()["broker"]["ok"] is False and down.json()["database"]["ok"] is True

@@ -1,26 +1,91 @@
+"""Health endpoints: /livez (the process answers), /readyz (it can serve), /healthz (details).
+
+/livez and /readyz are for an orchestrator's probes and say nothing an attacker could use.
+/healthz has the collector's detail (worker hosts and pids, queue names and depths, last
+errors): anonymous callers get only whether the database and the broker are up; a logged-in
+user or an API token gets everything.
+"""
+
+import contextlib
+
 from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
+from recovery.api.auth import HashedTokenAuthentication
+from recovery.broker.connection import connect
 from recovery.collector.health import collector_health
 from recovery.search import index as search_index
 
+PROBE_TIMEOUT_S = 3
 
-@require_GET
-def healthz(request):
-    report = {"database": {"ok": True}, "broker": {"ok": True}}
+
+def _database_ok():
     try:
         with connection.cursor() as cur:
             cur.execute("SELECT 1")
     except Exception as exc:  # noqa: BLE001 - reported, not raised
-        report["database"] = {"ok": False, "error": str(exc)}
+        return {"ok": False, "error": str(exc)}
+    return {"ok": True}
+
+
+def _may_see_details(request):
+    if request.user.is_authenticated:
+        return True
+    with contextlib.suppress(Exception):
+        return HashedTokenAuthentication().authenticate(request) is not None
+    return False
+
+
+@require_GET
+def healthz(request):
+    report = {"database": _database_ok(), "broker": {"ok": True}}
     report["collector"] = collector_health(database_ok=report["database"]["ok"])
     report["broker"] = report["collector"].pop("broker")
+    ok = report["database"]["ok"] and report["broker"]["ok"]
+    if not _may_see_details(request):
+        return JsonResponse(
+            {
+                "ok": ok,
+                "database": {"ok": report["database"]["ok"]},
+                "broker": {"ok": report["broker"]["ok"]},
+                "detail": "Log in or send an API token (Authorization: Token …) for the details.",
+            },
+            status=200 if ok else 503,
+        )
     if report["database"]["ok"]:
         # Messages stored but not yet in the search table (searches still find them, slower).
         report["search_index"] = {"unindexed": search_index.unindexed_count()}
-    ok = report["database"]["ok"] and report["broker"]["ok"]
     return JsonResponse(report, status=200 if ok else 503)
+
+
+@require_GET
+def livez(request):
+    """Liveness: the process answers requests. Touches neither the database nor the broker."""
+    return JsonResponse({"ok": True})
+
+
+@require_GET
+def readyz(request):
+    """Readiness: the database answers with every migration applied, and the broker accepts a
+    connection. 503 names the check that failed."""
+    checks = {"database": _database_ok()}
+    if checks["database"]["ok"]:
+        try:
+            executor = MigrationExecutor(connection)
+            unapplied = executor.migration_plan(executor.loader.graph.leaf_nodes())
+        except Exception as exc:  # noqa: BLE001 - reported, not raised
+            checks["migrations"] = {"ok": False, "error": str(exc)}
+        else:
+            checks["migrations"] = {"ok": not unapplied, "unapplied": len(unapplied)}
+    try:
+        connect(socket_timeout=PROBE_TIMEOUT_S, stack_timeout=PROBE_TIMEOUT_S).close()
+        checks["broker"] = {"ok": True}
+    except Exception as exc:  # noqa: BLE001 - reported, not raised
+        checks["broker"] = {"ok": False, "error": type(exc).__name__}
+    ok = all(check["ok"] for check in checks.values())
+    return JsonResponse({"ok": ok, **checks}, status=200 if ok else 503)
 
 
 def favicon(request):

@@ -8,7 +8,7 @@ from recovery.collector.health import collector_health
 from recovery.models import CollectorHeartbeat, Kind
 from recovery.replay import replay_message
 from tests.collector.conftest import declare_queue, open_channel, publish, reject_next, stored
-from tests.conftest import wait_for
+from tests.conftest import make_user, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -92,6 +92,7 @@ def test_health_shows_every_source_of_every_vhost(two_vhosts, client):
     assert health["quarantine"] == {first: 0, second: 0}
     assert len(health["threads"]) == 6
 
+    client.force_login(make_user("health-viewer", "viewer"))  # anonymous callers get no detail
     report = client.get("/healthz").json()
     assert {(s["vhost"], s["queue"]) for s in report["collector"]["sources"]} == {
         (vhost, queue) for vhost in (first, second) for queue in SOURCES
