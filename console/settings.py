@@ -198,6 +198,9 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = BASE_DIR / "var" / "staticfiles"
+# With DEBUG, WhiteNoise also serves files collectstatic has not copied yet (make run uses
+# `runserver --nostatic`, so static files always pass the security middleware: nosniff).
+WHITENOISE_USE_FINDERS = DEBUG
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 LOGIN_URL = "login"
@@ -365,6 +368,11 @@ CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", RABBITMQ_URL)
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_TASK_DEFAULT_QUEUE", "lazarus.tasks")
+# Replay jobs' tasks go to a queue of their own, consumed by workers started for it
+# (`celery -A console worker --no-collector -Q lazarus.replay`; scripts/run.sh starts one), so a
+# long job never holds the slot the search indexer, the counts or the outbox need. Empty: the
+# default queue (one pool for everything, as before).
+REPLAY_TASK_QUEUE = env_str("REPLAY_TASK_QUEUE", "lazarus.replay")
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
 # Error pages (DEBUG or not) and error mails mask passwords inside URL settings as well.

@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path, re_path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from console.views import activity, audits, groups, health, jobs, message, messages, overview, users
 from recovery.api.errors import api_not_found
@@ -52,7 +52,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("recovery.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),
     # Last: any other /api/ URL is a problem+json 404, with DEBUG on too.
     re_path(r"^api/(?P<path>.*)$", api_not_found),
 ]

@@ -18,11 +18,16 @@ trap stop INT TERM EXIT
 
 .venv/bin/celery -A console worker --collector -l info --concurrency 2 -Q "${CELERY_TASK_DEFAULT_QUEUE:-lazarus.tasks}" &
 pids+=($!)
+# Replay jobs in a pool of their own (REPLAY_TASK_QUEUE): a long job never delays the indexer.
+.venv/bin/celery -A console worker --no-collector -l info --concurrency 2 -n "replay@%h" -Q "${REPLAY_TASK_QUEUE:-lazarus.replay}" &
+pids+=($!)
 .venv/bin/celery -A console beat -l info -s var/celerybeat-schedule &
 pids+=($!)
 $M simulate --count 60 --rate 10 --every 30 &
 pids+=($!)
-$M runserver "127.0.0.1:$PORT" --noreload &
+# --nostatic: WhiteNoise serves /static/ behind the middleware (nosniff and the other headers),
+# as in production; runserver's own static handler would bypass them.
+$M runserver "127.0.0.1:$PORT" --noreload --nostatic &
 pids+=($!)
 echo "Lazarus console: http://127.0.0.1:$PORT/  (Ctrl-C stops everything)"
 if [ "$DEBUG" = "true" ]; then

@@ -44,10 +44,12 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.requirements.sha256
 if ! sha256sum -c --status "$stamp" 2>/dev/null; then
-  say "installing requirements.txt"
+  # requirements.txt is what production installs; the development tools (pytest, Playwright,
+  # schemathesis, ruff, ...) come on top from requirements-dev.txt for make test / make run.
+  say "installing requirements-dev.txt (requirements.txt + development tools)"
   .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -r requirements.txt
-  sha256sum requirements.txt > "$stamp"
+  .venv/bin/pip install -q -r requirements-dev.txt
+  sha256sum requirements.txt requirements-dev.txt > "$stamp"
 fi
 
 if ! psql -h 127.0.0.1 -U postgres -tAc "SELECT 1 FROM pg_database WHERE datname='$DB_NAME'" | grep -q 1; then

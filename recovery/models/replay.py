@@ -235,12 +235,22 @@ class ReplayJob(models.Model):
         self.refresh_from_db()
         return self
 
-    def enqueue(self):
-        """Send the job's Celery task. A broker failure here is logged, not raised: the job stays
-        queued and ``resume_stalled_jobs`` sends it again."""
-        ReplayJob.objects.filter(pk=self.pk).update(enqueued_at=timezone.now())
+    def enqueue(self, countdown=None, paced=False):
+        """Send the job's Celery task (after ``countdown`` seconds: a slow rate's wait; ``paced``:
+        its next message is due when it starts). A broker failure here is logged, not raised:
+        the job stays queued and ``resume_stalled_jobs`` sends it again."""
+        # When the task is due, so the stall sweep does not take a countdown for a lost task.
+        due = timezone.now() + timedelta(seconds=countdown or 0)
+        ReplayJob.objects.filter(pk=self.pk).update(enqueued_at=due)
         try:
-            current_app.send_task(RUN_JOB_TASK, (self.pk, str(self.token)), retry=False)
+            current_app.send_task(
+                RUN_JOB_TASK,
+                (self.pk, str(self.token)),
+                kwargs={"paced": True} if paced else None,
+                countdown=countdown,
+                queue=settings.REPLAY_TASK_QUEUE or None,
+                retry=False,
+            )
         except Exception:
             log.exception(
                 "replay job %s: could not enqueue its task; the stall sweep will", self.pk

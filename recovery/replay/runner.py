@@ -58,6 +58,11 @@ FLUSH_ROWS = 100
 BREAKER_CHECK_S = 2.0
 # How long the publisher may be disconnected before the job says it is waiting for RabbitMQ.
 BROKER_QUIET_S = 2.0
+# A slow rate must not hold a worker while it waits: when the next message may go no sooner than
+# this, with nothing in flight, the runner settles, hands the job back (queued) and sends its
+# task again with a countdown; the worker runs other tasks meanwhile (rate 0.001/s held a worker
+# for 1,000 s per message).
+RATE_YIELD_S = 5.0
 # Set by the Celery worker_shutting_down signal (recovery.replay.tasks): runners hand their job
 # back.
 SHUTDOWN = threading.Event()
@@ -72,9 +77,9 @@ class Pacer:
     a second of tokens pile up, so a pause (a canary, a broker outage) is not followed by a
     burst, while the average over the job stays on the rate."""
 
-    def __init__(self, rate):
+    def __init__(self, rate, tokens=0.0):
         self.rate = rate or None
-        self.tokens = 0.0
+        self.tokens = tokens
         self.burst = max(1.0, self.rate * 0.5) if self.rate else 0.0
         self.last = time.monotonic()
 
@@ -149,8 +154,11 @@ class JobRunner:
         confirm_timeout=None,
         broker_url=None,
         conninfo=None,
+        paced=False,
     ):
         self.job_id = job_id
+        # Started by its own countdown after a rate wait (RATE_YIELD_S): the next message is due.
+        self.paced = paced
         self.token = str(token) if token else None
         self.runner_id = runner_id or runner_name()
         self.window = window or settings.REPLAY_WINDOW
@@ -175,7 +183,8 @@ class JobRunner:
 
     def run(self, wait_for_lease=True):
         """Run the job to its end or a stop; returns what happened: ``done``, ``paused``,
-        ``cancelled``, ``requeued`` (worker shutdown), ``failed``, ``lost`` (lease taken over),
+        ``cancelled``, ``requeued`` (worker shutdown), ``sleeping`` (a slow rate: sent again
+        with a countdown, see RATE_YIELD_S), ``failed``, ``lost`` (lease taken over),
         ``busy`` (another live runner has it) or ``gone`` (not runnable)."""
         try:
             first_start = not ReplayJob.objects.filter(
@@ -273,7 +282,7 @@ class JobRunner:
         self.results = []  # answered, not yet handed to a recorder
         self.exhausted = False  # no pending item left to claim (in this phase)
         self.canary_until = None
-        self.pacer = Pacer(self.job.rate)
+        self.pacer = Pacer(self.job.rate, tokens=1.0 if self.paced else 0.0)
         next_control = last_flush = 0.0
         while True:
             self.wakeup.clear()
@@ -302,7 +311,10 @@ class JobRunner:
                     return ended
                 continue
             if self.buffer and self.pacer.rate:
-                self.wakeup.wait(min(self.pacer.wait(), 0.05))
+                wait = self.pacer.wait()
+                if wait > RATE_YIELD_S and not self.pending and not self.claims.running:
+                    return self._stop(("sleep", wait))
+                self.wakeup.wait(min(wait, 0.05))
             elif self.buffer:
                 self.wakeup.wait(0.05)  # the window is full: for outcomes or the recorders
             elif not self._may_claim(now):
@@ -553,6 +565,12 @@ class JobRunner:
             if self.store.end(ReplayJob.State.QUEUED, reason) == ReplayJob.State.QUEUED:
                 ReplayJob.objects.get(pk=self.job_id).enqueue()
             return "requeued"
+        if kind == "sleep":
+            wait = reason
+            note = f"rate {self.job.rate:g}/s: the next message goes in {wait:.0f} s"
+            if self.store.end(ReplayJob.State.QUEUED, note) == ReplayJob.State.QUEUED:
+                ReplayJob.objects.get(pk=self.job_id).enqueue(countdown=wait, paced=True)
+            return "sleeping"
         self.store.end(None, "")
         return "cancelled" if kind == "cancelled" else reason
 

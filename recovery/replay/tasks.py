@@ -19,13 +19,14 @@ log = logging.getLogger(__name__)
 
 
 @shared_task(name="recovery.tasks.run_replay_job", acks_late=False, ignore_result=True)
-def run_replay_job(job_id, token=None):
-    """Run one replay job until it is done, paused, cancelled or handed back (shutdown).
+def run_replay_job(job_id, token=None, paced=False):
+    """Run one replay job until it is done, paused, cancelled or handed back (shutdown, or a
+    slow rate's wait: ``paced`` says this run's first message is due).
 
     ``token`` must match the job's: a task sent by a deployment with another database (same
     RabbitMQ) never runs an unrelated job that happens to have the same id.
     """
-    outcome = JobRunner(job_id, token).run()
+    outcome = JobRunner(job_id, token, paced=paced).run()
     log.info("replay job %s: %s", job_id, outcome)
     return outcome
 

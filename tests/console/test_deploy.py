@@ -57,3 +57,13 @@ def test_debug_true_fails_the_deploy_check():
     result = check_deploy(**{**PRODUCTION, "DEBUG": "true"})
     assert result.returncode != 0
     assert "security.W018" in result.stdout + result.stderr
+
+
+def test_static_files_are_sent_with_nosniff(settings):
+    """WhiteNoise serves /static/ behind the security middleware (make run uses --nostatic)."""
+    from django.test import Client
+
+    settings.WHITENOISE_USE_FINDERS = True  # no collectstatic in the test run
+    response = Client().get("/static/console.css")
+    assert response.status_code == 200
+    assert response["X-Content-Type-Options"] == "nosniff"

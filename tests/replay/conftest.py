@@ -255,6 +255,7 @@ class Worker:
             command = ["beat", "-s", str(self.log_path.with_suffix(".schedule")), "-l", "info"]
         else:
             command = ["worker", "--no-collector", "-P", "threads", "-c", "2", "-l", "info"]
+            command += ["-Q", f"{settings.CELERY_TASK_DEFAULT_QUEUE},{settings.REPLAY_TASK_QUEUE}"]
             command += ["-n", f"{self.log_path.stem}-{os.getpid()}@%h"]
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
@@ -302,6 +303,7 @@ def purge_tasks():
     """Task messages earlier tests sent (their jobs are gone) would only slow a worker down."""
     connection = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
     channel = connection.channel()
-    channel.queue_declare(settings.CELERY_TASK_DEFAULT_QUEUE, durable=True)
-    channel.queue_purge(settings.CELERY_TASK_DEFAULT_QUEUE)
+    for queue in (settings.CELERY_TASK_DEFAULT_QUEUE, settings.REPLAY_TASK_QUEUE):
+        channel.queue_declare(queue, durable=True)
+        channel.queue_purge(queue)
     connection.close()

@@ -3,6 +3,7 @@
 import datetime
 
 import pytest
+from django.conf import settings
 from django.utils import timezone
 
 from recovery.models import Activity, Message, ReplayJob, ReplayJobItem, Status
@@ -77,7 +78,7 @@ def test_the_sweep_enqueues_jobs_whose_runner_died(wired, operator):
 
     assert resume_stalled_jobs() == [stalled.pk]  # the fresh queued one was just enqueued
 
-    assert queue_depth("lazarus.tasks") == 1
+    assert queue_depth(settings.REPLAY_TASK_QUEUE) == 1  # jobs have a queue of their own
     assert resume_stalled_jobs() == []  # not again until another lease has passed
     assert fresh.pk not in resume_stalled_jobs()
 
@@ -178,3 +179,51 @@ def test_retention_leaves_a_message_a_job_holds(wired, operator):
     )
 
     assert apply_retention()["messages"] == 0
+
+
+# ---- slow rates do not hold workers (#20) ----------------------------------------------------
+
+
+def test_a_slow_rate_hands_the_worker_back_between_messages(wired, amqp, operator):
+    purge_tasks()
+    declare_app_queue(amqp, "tasks.slow")
+    dead_letters("tasks.slow", 3)
+    job = create_job(operator, filters={"queue": "tasks.slow"}, rate=0.1)  # one per 10 s
+    purge_tasks()  # its task; this test runs the job in this thread instead
+
+    assert run(job) == "sleeping"  # the first message is 10 s away: nothing holds a worker
+    assert job.state == ReplayJob.State.QUEUED
+    assert job.progress["reason"] == "rate 0.1/s: the next message goes in 10 s"
+    assert queue_depth(settings.REPLAY_TASK_QUEUE) == 1  # its task again, with a countdown
+    assert job.enqueued_at > timezone.now() + datetime.timedelta(seconds=8)  # not "stalled"
+    assert drain("tasks.slow") == []
+
+    purge_tasks()
+    assert run(job, paced=True) == "sleeping"  # the countdown's run: one message, then sleep
+    assert len(drain("tasks.slow")) == 1
+    assert job.confirmed == 1 and job.state == ReplayJob.State.QUEUED
+
+
+def test_slow_jobs_do_not_starve_a_worker_of_other_work(wired, amqp, operator, workers):
+    purge_tasks()
+    for queue in ("tasks.crawl1", "tasks.crawl2", "tasks.quick"):
+        declare_app_queue(amqp, queue)
+    dead_letters("tasks.crawl1", 3)
+    dead_letters("tasks.crawl2", 3)
+    dead_letters("tasks.quick", 50)
+    worker = workers()  # two slots
+
+    slow = [create_job(operator, filters={"queue": f"tasks.crawl{n}"}, rate=0.001) for n in (1, 2)]
+    for job in slow:
+        wait_for(
+            lambda job=job: (
+                ReplayJob.objects.get(pk=job.pk).progress["reason"].startswith("rate 0.001/s")
+            ),
+            timeout=60,
+            message="the slow job to hand its worker back",
+        )
+    quick = create_job(operator, filters={"queue": "tasks.quick"})
+
+    wait_for_state(quick, "done", worker, timeout=60)
+    assert len(drain("tasks.quick")) == 50
+    assert [job_state(job) for job in slow] == ["queued", "queued"]
