@@ -1,4 +1,4 @@
-.PHONY: setup run test lint
+.PHONY: setup run test lint client-wheel
 
 setup:
 	./scripts/setup.sh
@@ -17,3 +17,7 @@ test: setup
 lint:
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
+
+# The client library as its own distribution (dist/lazarus_client-<version>-py3-none-any.whl).
+client-wheel: setup
+	./scripts/build-client.sh

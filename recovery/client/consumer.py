@@ -28,9 +28,8 @@ import time
 
 import pika
 import pika.exceptions
-import psycopg
 
-from recovery.client.dedup import make_dedup
+from recovery.client.dedup import DATABASE_ERRORS, make_dedup
 from recovery.client.logs import ConsumerLog
 
 log = logging.getLogger(__name__)
@@ -144,7 +143,7 @@ class IdempotentConsumer:
         )
         try:
             outcome = self._handle(delivery)
-        except psycopg.OperationalError as exc:
+        except DATABASE_ERRORS as exc:
             # The dedup database is down, not the message bad: requeue without counting.
             log.warning("%s: database unavailable, requeueing: %s", self.name, exc)
             outcome = "requeue"

@@ -10,9 +10,10 @@ disagree — the seeds' exactly-once recipe (message_id + idempotent write).
 import collections
 import contextlib
 
-import psycopg
+from recovery.client.outbox import ensure_tables, psycopg, require_psycopg
 
-from recovery.client.outbox import ensure_tables
+# What a consumer treats as "the dedup database is down" (requeue, do not count the message).
+DATABASE_ERRORS = (psycopg.OperationalError,) if psycopg is not None else ()
 
 # Ids remembered by the in-memory dedup. Bigger catches older duplicates (a producer retry after
 # a long outage) at ~100 bytes per id.
@@ -56,6 +57,7 @@ class PostgresDedup:
     passes_db = True
 
     def __init__(self, group, dsn):
+        require_psycopg("a PostgreSQL dedup store")
         self.group = group
         self.dsn = dsn
         self._conn = None

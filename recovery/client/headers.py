@@ -105,6 +105,30 @@ def to_json(value):
     return _other_to_json(value)
 
 
+# A header *name* is an AMQP short string: octets, UTF-8 by convention. One that is not UTF-8
+# (pika hands it over as bytes) is stored as this prefix + base64 of its octets, and sent back as
+# those octets; a text name that happens to start with the prefix is stored the same way (its
+# UTF-8 octets), so every name round-trips exactly.
+BYTES_KEY_PREFIX = "$b64:"
+
+
+def key_to_json(key):
+    if type(key) is str and not key.startswith(BYTES_KEY_PREFIX):
+        return key
+    raw = key if isinstance(key, bytes) else str(key).encode("utf-8")
+    return BYTES_KEY_PREFIX + base64.b64encode(raw).decode("ascii")
+
+
+def key_from_json(key):
+    if not key.startswith(BYTES_KEY_PREFIX):
+        return key
+    raw = base64.b64decode(key[len(BYTES_KEY_PREFIX) :])
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw
+
+
 def _table_to_json(table):
     """A table's entries -> JSON; plain strings and ints, the common case, without a call each."""
     result = {}
@@ -115,7 +139,7 @@ def _table_to_json(table):
                 value = {TAG: "str0", "v": value.split("\x00")}
         elif not (kind is int or kind is bool or value is None):
             value = to_json(value)
-        result[key if type(key) is str else str(key)] = value
+        result[key if type(key) is str and key[:1] != "$" else key_to_json(key)] = value
     return result
 
 
@@ -159,7 +183,7 @@ def from_json(value):
         return value
     tag = value.get(TAG)
     if tag is None:
-        return {k: from_json(v) for k, v in value.items()}
+        return {key_from_json(k): from_json(v) for k, v in value.items()}
     raw = value.get("v")
     if tag == "float":
         return float(raw)
@@ -175,7 +199,7 @@ def from_json(value):
     if tag == "str0":
         return "\x00".join(raw)
     if tag == "table":
-        return {k: from_json(v) for k, v in raw.items()}
+        return {key_from_json(k): from_json(v) for k, v in raw.items()}
     if tag == "repr":
         return raw
     raise ValueError(f"unknown header tag {tag!r}")
@@ -186,7 +210,7 @@ def headers_to_json(headers):
 
 
 def headers_from_json(data):
-    return {k: from_json(v) for k, v in (data or {}).items()}
+    return {key_from_json(k): from_json(v) for k, v in (data or {}).items()}
 
 
 def plain(value):

@@ -17,12 +17,25 @@ import datetime
 import logging
 
 import pika
-import psycopg
-from psycopg.types.json import Jsonb
+
+try:  # optional: the outbox and the dedup store are tables (pip install lazarus-client[postgres])
+    import psycopg
+    from psycopg.types.json import Jsonb
+except ImportError:  # the wheel test runs the library in a venv without psycopg
+    psycopg = Jsonb = None
+
 
 from recovery.client import headers as header_codec
 
 log = logging.getLogger(__name__)
+
+
+def require_psycopg(what):
+    if psycopg is None:
+        raise ImportError(
+            f"{what} needs psycopg: pip install 'lazarus-client[postgres]' (or psycopg[binary])"
+        )
+
 
 PROPERTY_NAMES = (
     "content_type",
@@ -113,6 +126,7 @@ class Outbox:
     """Writes give-ups to ``recovery_outbox``. Used from the publisher's I/O thread only."""
 
     def __init__(self, dsn):
+        require_psycopg("the give-up outbox")
         self.dsn = dsn
         self._conn = None
 
@@ -162,6 +176,7 @@ class SendingStore:
     """
 
     def __init__(self, dsn, producer):
+        require_psycopg("the durable retry store")
         self.producer = producer
         self._insert_conn = psycopg.connect(dsn, autocommit=True)
         ensure_tables(self._insert_conn, SENDING_DDL)

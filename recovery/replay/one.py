@@ -84,8 +84,9 @@ def wire_from_columns(pk, properties_json, headers_json, body, replay_count, rep
         for name, value in properties_json.items()
         if name != "expiration"
     }
+    key_from_json = header_codec.key_from_json
     headers = {
-        name: value if type(value) in _PLAIN else from_json(value)
+        key_from_json(name): value if type(value) in _PLAIN else from_json(value)
         for name, value in headers_json.items()
         if name not in _STRIPPED
     }

@@ -312,7 +312,9 @@ class JobRunner:
                 continue
             if self.buffer and self.pacer.rate:
                 wait = self.pacer.wait()
-                if wait > RATE_YIELD_S and not self.pending and not self.claims.running:
+                # Nothing handed to a publisher is unanswered (pending = buffer + in flight).
+                idle = len(self.pending) == len(self.buffer) and not self.claims.running
+                if wait > RATE_YIELD_S and idle:
                     return self._stop(("sleep", wait))
                 self.wakeup.wait(min(wait, 0.05))
             elif self.buffer:

@@ -19,7 +19,12 @@ class UTCDateTimeField(forms.DateTimeField):
     def to_python(self, value):
         value = super().to_python(value)
         if value is not None and value.tzinfo is not None:
-            value = value.astimezone(datetime.UTC)
+            try:
+                value = value.astimezone(datetime.UTC)
+            except OverflowError:  # e.g. 0001-01-01T00:00+05:00 is before year 1 in UTC
+                raise forms.ValidationError(
+                    "That date-time is out of range in UTC.", code="invalid"
+                ) from None
         return value
 
 

@@ -1,7 +1,7 @@
 """One error format everywhere: application/problem+json with status, code, detail, errors."""
 
 import pytest
-from django.test import RequestFactory
+from django.test import Client, RequestFactory
 from rest_framework.exceptions import ValidationError
 
 from recovery.api.errors import exception_handler, flatten_errors, handler404, handler500
@@ -148,3 +148,10 @@ def test_a_missing_api_url_is_a_problem_with_debug_on_or_off(viewer_api, setting
     settings.DEBUG = debug
     for path in ("/api/v1/no-such-thing", "/api/v1/messages/", "/api/v2/messages"):
         assert_problem(viewer_api.get(path), 404, "not_found")
+    # A POST too, CSRF checks on as for a real client (there is no view to protect), e.g. an
+    # id that is not one.
+    strict = Client(enforce_csrf_checks=True)
+    response = strict.post(
+        "/api/v1/messages/-1/replay", {}, content_type="application/json", **viewer_api.headers()
+    )
+    assert_problem(response, 404, "not_found")

@@ -215,3 +215,14 @@ def test_messages_that_failed_the_same_way_share_a_failure_group(collector, amqp
     )
     assert len({rows[k].group_key for k in ("g1", "g3", "g4")}) == 3
     assert rows["g4"].group_label == "fid.groups · rejected"
+
+
+def test_header_names_that_are_not_utf8_come_back_as_their_bytes(collector, amqp):
+    """#20: a name of octets that are not UTF-8 used to come back as the text of its repr."""
+    headers = {b"\xff\xfe": "odd name", "$b64:looks-like-ours": 1, "plain": {b"\xc3(": True}}
+    row, props, _body = round_trip(amqp, "fid.names", b"n", message_id="fid-names", headers=headers)
+
+    assert props.headers[b"\xff\xfe"] == "odd name"
+    assert props.headers["$b64:looks-like-ours"] == 1
+    assert props.headers["plain"] == {b"\xc3(": True}
+    assert "b'\\xff\\xfe'" not in row.headers  # stored as its octets, not their repr

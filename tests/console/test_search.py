@@ -11,6 +11,7 @@ from django.db import connection, transaction
 from recovery.models import Message, MessageSearch
 from recovery.search import index as search_index
 from recovery.search.filters import MessageFilterForm, bytea_escape
+from tests.conftest import make_user
 from tests.console.conftest import make_message
 
 pytestmark = pytest.mark.django_db
@@ -202,6 +203,7 @@ def test_runs_never_overlap():
 
 
 def test_healthz_reports_the_indexer_lag(client):
+    client.force_login(make_user("lag-viewer", "viewer"))  # the detail is for logged-in callers
     make_message(message_id="m", body=b"x")
     assert client.get("/healthz").json()["search_index"] == {"unindexed": 1}
     search_index.index_new()
