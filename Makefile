@@ -11,12 +11,14 @@ run: setup
 test: setup
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
+	.venv/bin/mypy
 	.venv/bin/python -m pytest -m "not disruptive"
 	.venv/bin/python -m pytest --run-disruptive -m disruptive
 
 lint:
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
+	.venv/bin/mypy
 
 # The client library as its own distribution (dist/lazarus_client-<version>-py3-none-any.whl).
 client-wheel: setup

@@ -7,6 +7,6 @@ stage=var/client-build
 rm -rf "$stage"
 mkdir -p "$stage/recovery/client" dist
 cp clients/python/pyproject.toml clients/python/README.md "$stage/"
-cp recovery/client/*.py recovery/client/LOGS.md "$stage/recovery/client/"
+cp recovery/client/*.py recovery/client/LOGS.md recovery/client/py.typed "$stage/recovery/client/"
 .venv/bin/python -m pip wheel -q --no-deps -w dist "$stage"
 ls dist/lazarus_client-*.whl

@@ -18,6 +18,8 @@ import base64
 import datetime
 import decimal
 import math
+from collections.abc import Iterable
+from typing import Any
 
 TAG = "$t"
 
@@ -44,6 +46,7 @@ def nesting_depth(value):
     deepest, stack = 0, [(value, 0)]
     while stack:
         item, depth = stack.pop()
+        children: Iterable[Any]
         if isinstance(item, dict):
             children = item.values()
         elif isinstance(item, list | tuple):
@@ -184,7 +187,7 @@ def from_json(value):
     tag = value.get(TAG)
     if tag is None:
         return {key_from_json(k): from_json(v) for k, v in value.items()}
-    raw = value.get("v")
+    raw: Any = value.get("v")
     if tag == "float":
         return float(raw)
     if tag == "decimal":

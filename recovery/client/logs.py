@@ -17,6 +17,7 @@ import os
 import socket
 import threading
 import time
+from typing import Any
 
 SCHEMA_VERSION = 1
 
@@ -95,7 +96,7 @@ class JsonLinesLog:
             self._files.clear()
 
 
-_registry = {}
+_registry: dict[Any, Any] = {}
 _registry_lock = threading.Lock()
 
 

@@ -22,7 +22,7 @@ try:  # optional: the outbox and the dedup store are tables (pip install lazarus
     import psycopg
     from psycopg.types.json import Jsonb
 except ImportError:  # the wheel test runs the library in a venv without psycopg
-    psycopg = Jsonb = None
+    psycopg = Jsonb = None  # type: ignore[assignment,misc]
 
 
 from recovery.client import headers as header_codec

@@ -26,6 +26,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from typing import Any
 
 import pika
 from pika.adapters.select_connection import IOLoop
@@ -87,20 +88,20 @@ class ReliablePublisher:
         self._cond = threading.Condition()
         self._owned = 0  # messages accepted by publish() and not yet finished
         self._closed = False
-        self._incoming = deque()  # publish() -> I/O thread
+        self._incoming: deque[Pending] = deque()  # publish() -> I/O thread
         self._wakeup_scheduled = False
 
         # I/O thread only from here on.
         self._cache = RetryCache()
         self._ioloop = IOLoop()
         self._connection = None
-        self._channel = None
+        self._channel: Any = None  # the open pika channel, on the I/O thread
         self._ready = False
         self._next_tag = 0
         self._stopping = False
         self._backoff = RECONNECT_MIN_S
         self._outbox_rows = []  # (Pending, headers, kind, reason) waiting for the outbox write
-        self._store_marks = {"sent": [], "given_up": []}
+        self._store_marks: dict[str, list[str]] = {"sent": [], "given_up": []}
         self._thread = threading.Thread(
             target=self._run, name=f"ReliablePublisher[{producer}]", daemon=True
         )
@@ -142,6 +143,7 @@ class ReliablePublisher:
 
     def _resend_unfinished(self):
         """Compensation sweep: what a crashed run of this producer left ``sending``."""
+        assert self._store is not None, "called only with a durable store"
         for message_id, exchange, routing_key, props, body, first in list(self._store.unfinished()):
             self._hand_over(Pending(message_id, exchange, routing_key, body, props, first))
 
@@ -434,7 +436,7 @@ class ReliablePublisher:
         while self._incoming:
             self._cache.to_send.append(self._incoming.popleft())
         deadline = time.time() - self.give_up_after
-        keep = deque()
+        keep: deque[Pending] = deque()
         for entry in self._cache.to_send:
             if entry.forwarding or entry.first_attempt_at > deadline:
                 keep.append(entry)
@@ -463,6 +465,7 @@ class ReliablePublisher:
     def _write_outbox(self):
         if not self._outbox_rows:
             return
+        assert self._outbox is not None, "rows are queued only when there is an outbox"
         rows = self._outbox_rows
         self._outbox_rows = []
         try:

@@ -37,8 +37,10 @@ class RetryCache:
     """Unconfirmed messages by delivery tag, plus the ones waiting to be (re)sent."""
 
     def __init__(self):
-        self.unconfirmed = collections.OrderedDict()  # delivery tag -> Pending
-        self.to_send = collections.deque()  # resends and forwards, before new messages
+        self.unconfirmed: collections.OrderedDict[int, Pending] = collections.OrderedDict()
+        self.to_send: collections.deque[Pending] = (
+            collections.deque()
+        )  # resends and forwards, before new messages
 
     def __len__(self):
         return len(self.unconfirmed) + len(self.to_send)

@@ -61,7 +61,8 @@ def test_the_wheel_installs_without_lazarus_and_round_trips(tmp_path, amqp_url, 
     wheel = Path(ROOT / built.stdout.split()[-1])
     with zipfile.ZipFile(wheel) as archive:
         files = archive.namelist()
-    assert "recovery/client/LOGS.md" in files and "recovery/__init__.py" not in files
+    assert "recovery/client/LOGS.md" in files and "recovery/client/py.typed" in files
+    assert "recovery/__init__.py" not in files  # `recovery` is only a namespace there
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
