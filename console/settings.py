@@ -12,6 +12,8 @@ from urllib.parse import unquote, urlparse
 
 from django.core.exceptions import ImproperlyConfigured
 
+from recovery.rates import parse_rate
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -258,15 +260,14 @@ SPECTACULAR_SETTINGS = {
     },
 }
 
-RATE_PERIODS = ("s", "sec", "second", "m", "min", "minute", "h", "hour", "d", "day")
-
 
 def env_rate(name, default):
-    """A rate like ``600/min`` (periods s, min, hour, day)."""
+    """A rate like ``600/min`` (periods s, min, hour, day; recovery.rates, as the API reads it)."""
     value = env_str(name, default)
-    count, _, period = value.partition("/")
-    if not count.strip().isdigit() or int(count) < 1 or period.strip() not in RATE_PERIODS:
-        raise ImproperlyConfigured(f"{name}={value!r} is not a rate like 600/min")
+    try:
+        parse_rate(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={value!r} is not a rate like 600/min") from None
     return value
 
 

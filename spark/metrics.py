@@ -59,7 +59,6 @@ COUNT_METRICS = (
 LATENCY_METRICS = ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms", "latency_max_ms")
 RATIO_METRICS = ("loss_ppm", "within_sla_share")
 METRICS = (*COUNT_METRICS, "loss_ppm", *LATENCY_METRICS, "within_sla_share")
-PRODUCER_METRICS = COUNT_METRICS[:7]
 # Known only once a window is FINAL: null in PROVISIONAL windows.
 FINAL_ONLY = ("lost", "unverified", "loss_ppm")
 

@@ -11,7 +11,7 @@ exactly the columns of ``STORE_EXPORT_SCHEMA``.
 import json
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -202,10 +202,6 @@ def read_logs(
         ),
         (F.col(CORRUPT_RECORD).isNotNull() | missing_required | unknown_version).alias("malformed"),
     ).select(*out_columns)
-
-
-def hour_floor(moment: datetime) -> datetime:
-    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
 
 
 def epoch_ms(moment: datetime) -> int:

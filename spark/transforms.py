@@ -79,7 +79,6 @@ from spark.log_facts import WORD_BITS, group_hash, key_hash, sql_literal
 from spark.schema import HOUR_MS
 
 CONSUMED_OUTCOMES = ("ack", "duplicate_skipped")
-PRODUCER_SIDE_KINDS = ("returned", "unroutable", "nacked", "unconfirmed")
 DEAD_LETTER_REASONS = ("rejected", "expired", "maxlen", "delivery_limit")
 # publish_state as a number: a message's state is the highest of its lines'.
 PUBLISH_STATES = ("unconfirmed", "nacked", "returned", "confirmed")

@@ -8,7 +8,7 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
 from console.access import viewer_required
-from recovery.models import Kind, MessageCount, Reason, Status
+from recovery.models import OPEN, Kind, MessageCount, Reason, Status
 
 PAGE_SIZE = 100
 
@@ -36,9 +36,6 @@ class GroupFilterForm(forms.Form):
         if data.get("reason"):
             queryset = queryset.filter(reason=data["reason"])
         return queryset
-
-
-OPEN = [Status.PENDING, Status.POISONED, Status.REPLAYING]
 
 
 def group_rows(form):

@@ -15,9 +15,9 @@ from console.access import operator_required, viewer_required
 from console.forms import BulkActionForm
 from console.views.paging import newest_first_page, query_without
 from recovery.errors import ReplayError
-from recovery.models import Message
+from recovery.models import DISCARDABLE, RESTORABLE, Message
 from recovery.replay import discard_matching, discard_message, restore_matching
-from recovery.replay.curation import DISCARDABLE, RESTORABLE, names_a_filter
+from recovery.replay.curation import names_a_filter
 from recovery.replay.jobs import create_job
 from recovery.search.filters import (
     MIN_SUBSTRING_LENGTH,

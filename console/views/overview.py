@@ -22,7 +22,7 @@ from recovery.broker.management import Management
 from recovery.broker.topology import DLX_POLICY, Names
 from recovery.collector.health import collector_health
 from recovery.errors import ManagementError
-from recovery.models import Activity, Kind, MessageCount, Status
+from recovery.models import OPEN, Activity, Kind, MessageCount
 
 TOP_SOURCES = 15
 MANAGEMENT_TIMEOUT_SECONDS = 3
@@ -72,9 +72,8 @@ def store_counts(rows):
     by_kind, by_reason, by_status = defaultdict(int), defaultdict(int), defaultdict(int)
     open_by_kind, open_by_reason = defaultdict(int), defaultdict(int)
     by_source = defaultdict(lambda: {"total": 0, "open": 0})
-    open_statuses = {Status.PENDING, Status.POISONED, Status.REPLAYING}
     for row in rows:
-        n, is_open = row["total"], row["status"] in open_statuses
+        n, is_open = row["total"], row["status"] in OPEN
         by_kind[row["kind"]] += n
         by_reason[row["reason"]] += n
         by_status[row["status"]] += n

@@ -56,7 +56,6 @@ PROPERTY_NAMES = (
 # Rows moved per transaction by forward_outbox: a crash re-sends at most this many (the
 # collector's fingerprint dedups them); bigger batches amortise the commit.
 FORWARD_BATCH = 500
-FORWARD_CONFIRM_TIMEOUT_S = 30
 
 OUTBOX_DDL = """
 CREATE TABLE IF NOT EXISTS recovery_outbox (

@@ -24,23 +24,8 @@ from json.encoder import c_make_encoder, encode_basestring_ascii
 from typing import NamedTuple
 
 from recovery.client import headers as header_codec
+from recovery.client.outbox import PROPERTY_NAMES
 from recovery.errors import UnstorableDelivery
-
-PROPERTY_NAMES = (
-    "content_type",
-    "content_encoding",
-    "delivery_mode",
-    "priority",
-    "correlation_id",
-    "reply_to",
-    "expiration",
-    "message_id",
-    "timestamp",
-    "type",
-    "user_id",
-    "app_id",
-    "cluster_id",
-)
 
 DEAD_LETTERS, UNROUTED, RETURNS = "dead_letters", "unrouted", "returns"
 

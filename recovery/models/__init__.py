@@ -22,7 +22,11 @@ from recovery.models.audit import AuditEvidence, AuditInputGap, AuditRun, AuditW
 from recovery.models.replay import MessageEdit, ReplayAttempt, ReplayJob, ReplayJobItem
 from recovery.models.store import (
     COUNT_KEY_SQL,
+    DISCARDABLE,
+    OPEN,
     REBUILD_COUNTS_SQL,
+    REPLAYABLE,
+    RESTORABLE,
     CollectorHeartbeat,
     Kind,
     Message,
@@ -35,7 +39,11 @@ from recovery.models.store import (
 
 __all__ = [
     "COUNT_KEY_SQL",
+    "DISCARDABLE",
+    "OPEN",
     "REBUILD_COUNTS_SQL",
+    "REPLAYABLE",
+    "RESTORABLE",
     "ROLE_ORDER",
     "Activity",
     "ApiRateWindow",

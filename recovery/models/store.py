@@ -36,6 +36,14 @@ class Status(models.TextChoices):
     POISONED = "poisoned"
 
 
+# The status sets, defined once. Replayable = discardable: anything not in flight or discarded.
+REPLAYABLE = (Status.PENDING, Status.POISONED, Status.REPLAYED)
+DISCARDABLE = REPLAYABLE
+RESTORABLE = (Status.DISCARDED,)
+# "Open": still needs someone (the overview's and the groups' open counts).
+OPEN = (Status.PENDING, Status.POISONED, Status.REPLAYING)
+
+
 def default_target_of(kind, source_queue, source_exchange, routing_keys):
     """Message.default_target for raw column values (bulk replay reads rows, not models)."""
     if kind == Kind.DEAD_LETTER and source_queue:
@@ -131,10 +139,6 @@ class Message(models.Model):
     @property
     def body_bytes(self):
         return bytes(self.body)
-
-    @property
-    def is_replayable(self):
-        return self.status in (Status.PENDING, Status.POISONED, Status.REPLAYED)
 
     def default_target(self):
         """(exchange, routing_key) of the default replay target, per DESIGN.md.

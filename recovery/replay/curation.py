@@ -14,12 +14,16 @@ from django.utils import timezone
 
 from recovery.client import headers as header_codec
 from recovery.errors import StateError
-from recovery.models import Activity, Message, ReplayJobItem, Status
+from recovery.models import (
+    DISCARDABLE,
+    RESTORABLE,
+    Activity,
+    Message,
+    ReplayJobItem,
+    Status,
+)
 from recovery.replay.one import holding_job, replay_message
 from recovery.search.filters import apply_filters
-
-DISCARDABLE = (Status.PENDING, Status.POISONED, Status.REPLAYED)
-RESTORABLE = (Status.DISCARDED,)
 
 
 def _locked(message, statuses):

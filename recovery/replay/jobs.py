@@ -21,9 +21,8 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from recovery.models import Activity, ReplayJob, Role, has_role
-from recovery.replay.selection import (  # noqa: F401 - MAX_MESSAGE_IDS, VIAS: public limits
+from recovery.replay.selection import (  # noqa: F401 - MAX_MESSAGE_IDS: a public limit
     MAX_MESSAGE_IDS,
-    VIAS,
     clean_filters,
     clean_options,
     clean_selection,

@@ -20,6 +20,7 @@ from recovery.broker.connection import connect
 from recovery.client import headers as header_codec
 from recovery.errors import BrokerUnavailable, StateError
 from recovery.models import (
+    REPLAYABLE,
     Activity,
     Message,
     MessageEdit,
@@ -53,8 +54,6 @@ STRIPPED_HEADERS = (
 
 _STRIPPED = frozenset(STRIPPED_HEADERS)
 _PLAIN = frozenset((str, int, bool, type(None)))  # JSON values that are their AMQP value
-
-REPLAYABLE = (Status.PENDING, Status.POISONED, Status.REPLAYED)
 
 
 def wire_message(message, replayed_by="", headers_override=None, body_override=None):
@@ -178,7 +177,6 @@ def record_outcome(
     exchange,
     routing_key,
     user=None,
-    job=None,
     via="console",
     edited=False,
     previous_status=Status.PENDING,
@@ -203,7 +201,6 @@ def record_outcome(
             )
         attempt = ReplayAttempt.objects.create(
             message=message,
-            job=job,
             user=user,
             exchange=exchange,
             routing_key=routing_key,
@@ -227,7 +224,6 @@ def record_outcome(
             user=user,
             action="edit_replay" if edited else "replay",
             message=message,
-            job=job,
             via=via,
             detail=activity_detail,
         )

@@ -110,9 +110,6 @@ class DemoTopology:
             DemoQueue(q("shipping"), self.fanout, "#", {}, consumed=True),
         )
 
-    def by_name(self, name):
-        return next((queue for queue in self.queues if queue.name == name), None)
-
     def bindings(self):
         """The bindings snapshot the audit reads (``bindings_snapshot``'s shape)."""
         return [
