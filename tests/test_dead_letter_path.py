@@ -4,14 +4,12 @@ import datetime
 import decimal
 import json
 
-import pika
 import pytest
 from django.conf import settings
 
 from recovery.models import Kind, Message, Reason, Status
 from tests.conftest import wait_for
-
-DLX_ARGS = {"x-dead-letter-exchange": "recovery.dlx"}
+from tests.helpers import declare_app_queue, publish
 
 ODD_HEADERS = {
     "str": "héllo",
@@ -27,16 +25,6 @@ ODD_HEADERS = {
     "table": {"nested": {"deep": [1, "two", False]}, "$t": "looks like a tag"},
     "array": [1, "a", 2.25, None, {"k": "v"}],
 }
-
-
-def declare_app_queue(channel, name, **extra):
-    channel.queue_delete(name)
-    channel.queue_declare(name, durable=True, arguments={**DLX_ARGS, **extra})
-
-
-def publish(channel, queue, body, **props):
-    props.setdefault("delivery_mode", 2)
-    channel.basic_publish("", queue, body, pika.BasicProperties(**props))
 
 
 def reject_all(channel, queue, expect):

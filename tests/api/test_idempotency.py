@@ -7,8 +7,8 @@ from django.utils import timezone
 
 from recovery.models import IdempotencyKey, Message, ReplayAttempt
 from tests.api.conftest import make_message
-from tests.api.test_messages import drain
 from tests.conftest import make_user
+from tests.helpers import drain
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from django.utils import timezone
 from recovery.models import Activity, Message
 from tests.api.conftest import make_message
 from tests.conftest import make_user
+from tests.helpers import drain
 
 
 @pytest.fixture
@@ -29,15 +30,6 @@ def app_queue(amqp):
     amqp.queue_declare(name, durable=True)
     amqp.queue_purge(name)
     yield name
-
-
-def drain(channel, queue):
-    messages = []
-    while True:
-        method, properties, body = channel.basic_get(queue, auto_ack=True)
-        if method is None:
-            return messages
-        messages.append((properties, body))
 
 
 def test_filters_and_the_q_search(viewer_api):

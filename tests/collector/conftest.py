@@ -21,8 +21,7 @@ from django.db import connection
 from recovery.broker.management import Management
 from recovery.models import Message
 from tests.conftest import wait_for
-
-DLX = {"x-dead-letter-exchange": "recovery.dlx"}
+from tests.helpers import declare_app_queue, publish  # noqa: F401 - the collector tests' import
 
 
 def vhost_url(vhost):
@@ -33,17 +32,6 @@ def vhost_url(vhost):
 def open_channel(vhost=None):
     url = vhost_url(vhost) if vhost else settings.RABBITMQ_URL
     return pika.BlockingConnection(pika.URLParameters(url)).channel()
-
-
-def declare_queue(channel, name, **arguments):
-    """A fresh application queue that dead-letters to recovery.dlx (plus ``arguments``)."""
-    channel.queue_delete(name)
-    channel.queue_declare(name, durable=True, arguments={**DLX, **arguments})
-
-
-def publish(channel, queue, body, exchange="", **props):
-    props.setdefault("delivery_mode", 2)
-    channel.basic_publish(exchange, queue, body, pika.BasicProperties(**props))
 
 
 def reject_next(channel, queue, timeout=10):

@@ -8,7 +8,7 @@ import pytest
 
 from recovery.client.headers import LongBytes, RawTimestamp
 from recovery.models import Message
-from tests.collector.conftest import declare_queue, depth, drain_queue, publish, reject_next
+from tests.collector.conftest import declare_app_queue, depth, drain_queue, publish, reject_next
 from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -69,7 +69,7 @@ def test_a_corpus_of_bad_input_is_stored_or_quarantined_and_the_worker_survives(
     worker_process, amqp
 ):
     worker = worker_process(COLLECTOR_MAX_BODY_BYTES=MAX_BODY).start()
-    declare_queue(amqp, "bad.input")
+    declare_app_queue(amqp, "bad.input")
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(50_000)  # only for encoding the deep table in this test
     try:

@@ -10,7 +10,7 @@ import pytest
 from recovery.client.headers import LongBytes, RawTimestamp
 from recovery.models import Message, Status
 from recovery.replay import replay_message
-from tests.collector.conftest import declare_queue, publish, reject_next, stored
+from tests.collector.conftest import declare_app_queue, publish, reject_next, stored
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -75,7 +75,7 @@ def same(received, sent):
 
 def round_trip(amqp, queue, body, **props):
     """Publish, reject (dead-letter), wait for the store, replay, receive: (row, props, body)."""
-    declare_queue(amqp, queue)
+    declare_app_queue(amqp, queue)
     publish(amqp, queue, body, **props)
     reject_next(amqp, queue)
     [row] = stored(message_id=props["message_id"], timeout=60)
@@ -152,7 +152,7 @@ def test_a_twenty_megabyte_body_comes_back_byte_for_byte(collector, amqp):
 def test_a_replayed_message_that_dies_again_links_to_its_record_then_is_poisoned(
     collector, amqp, settings
 ):
-    declare_queue(amqp, "fid.poison")
+    declare_app_queue(amqp, "fid.poison")
     publish(amqp, "fid.poison", b"always fails", message_id="poison-1")
     reject_next(amqp, "fid.poison")
     [record] = stored(message_id="poison-1")
@@ -178,7 +178,7 @@ def test_a_replayed_message_that_dies_again_links_to_its_record_then_is_poisoned
 
 
 def test_a_return_whose_record_is_gone_is_stored_without_a_link(collector, amqp):
-    declare_queue(amqp, "fid.orphan")
+    declare_app_queue(amqp, "fid.orphan")
     publish(
         amqp,
         "fid.orphan",
@@ -194,7 +194,7 @@ def test_a_return_whose_record_is_gone_is_stored_without_a_link(collector, amqp)
 
 
 def test_messages_that_failed_the_same_way_share_a_failure_group(collector, amqp):
-    declare_queue(amqp, "fid.groups")
+    declare_app_queue(amqp, "fid.groups")
     failures = [
         ("g1", "ValidationError", "Order 1001 has no lines"),
         ("g2", "ValidationError", "Order 2002 has no lines\n  at line 7"),

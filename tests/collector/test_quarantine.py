@@ -7,7 +7,14 @@ from recovery.broker.topology import QUORUM
 from recovery.collector import consumer as collector_module
 from recovery.collector.consumer import start_collectors, stop_collectors
 from recovery.models import Message
-from tests.collector.conftest import declare_queue, depth, drain_queue, publish, reject_next, stored
+from tests.collector.conftest import (
+    declare_app_queue,
+    depth,
+    drain_queue,
+    publish,
+    reject_next,
+    stored,
+)
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -33,7 +40,7 @@ def quarantined(amqp, count, timeout=30):
 
 
 def test_a_body_over_the_limit_is_quarantined_with_the_reason(small_collector, amqp, wired):
-    declare_queue(amqp, "q.big")
+    declare_app_queue(amqp, "q.big")
     big = b"B" * (LIMIT + 1)
     publish(amqp, "q.big", b"small", message_id="fits")
     publish(amqp, "q.big", big, message_id="too-big", headers={"tenant": "acme"})
@@ -65,7 +72,7 @@ def test_a_delivery_the_parser_chokes_on_is_quarantined(collector, amqp, monkeyp
         return real(*args, **kwargs)
 
     monkeypatch.setattr(collector_module, "delivery_to_row", choking_parser)
-    declare_queue(amqp, "q.parse")
+    declare_app_queue(amqp, "q.parse")
     publish(amqp, "q.parse", b"fine", message_id="parses")
     publish(amqp, "q.parse", b"poison", message_id="chokes")
     reject_next(amqp, "q.parse")
@@ -88,7 +95,7 @@ def test_headers_nested_too_deep_to_decode_are_quarantined_byte_for_byte(collect
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(50000)
     try:
-        declare_queue(amqp, "q.deep")
+        declare_app_queue(amqp, "q.deep")
         publish(amqp, "q.deep", b"deep", message_id="deep-1", headers={"deep": deep})
         pieces = []
         pika.data.encode_table(pieces, {"deep": deep})
@@ -107,7 +114,7 @@ def test_headers_nested_too_deep_to_decode_are_quarantined_byte_for_byte(collect
 
 def test_a_row_the_database_refuses_is_quarantined_and_the_rest_stored(collector, amqp):
     # jsonb cannot hold U+0000 in a key (values are encoded around it; keys cannot be).
-    declare_queue(amqp, "q.refused")
+    declare_app_queue(amqp, "q.refused")
     publish(amqp, "q.refused", b"ok-1", message_id="ok-1")
     publish(amqp, "q.refused", b"nul key", message_id="nul-key", headers={"bad\x00key": 1})
     publish(amqp, "q.refused", b"ok-2", message_id="ok-2")
@@ -128,7 +135,7 @@ def test_nothing_is_acked_while_the_quarantine_will_not_take_it(small_collector,
         durable=True,
         arguments={**QUORUM, "x-max-length": 0, "x-overflow": "reject-publish"},
     )
-    declare_queue(amqp, "q.blocked")
+    declare_app_queue(amqp, "q.blocked")
     publish(amqp, "q.blocked", b"B" * (LIMIT + 1), message_id="waits")
     reject_next(amqp, "q.blocked")
 

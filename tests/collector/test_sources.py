@@ -5,17 +5,17 @@ import datetime
 import pytest
 
 from recovery.models import Kind, Reason, Status
-from tests.collector.conftest import declare_queue, publish, reject_next, stored
+from tests.collector.conftest import declare_app_queue, publish, reject_next, stored
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_it_stores_every_dead_letter_reason(collector, amqp):
-    declare_queue(amqp, "src.rejects")
-    declare_queue(amqp, "src.ttl", **{"x-message-ttl": 20})
-    declare_queue(amqp, "src.small", **{"x-max-length": 1})
-    declare_queue(amqp, "src.quorum", **{"x-queue-type": "quorum", "x-delivery-limit": 1})
+    declare_app_queue(amqp, "src.rejects")
+    declare_app_queue(amqp, "src.ttl", **{"x-message-ttl": 20})
+    declare_app_queue(amqp, "src.small", **{"x-max-length": 1})
+    declare_app_queue(amqp, "src.quorum", **{"x-queue-type": "quorum", "x-delivery-limit": 1})
     publish(amqp, "src.rejects", b"r", message_id="why-rejected")
     reject_next(amqp, "src.rejects")
     publish(amqp, "src.ttl", b"t", message_id="why-expired")

@@ -7,7 +7,7 @@ from recovery.collector.consumer import start_collectors, stop_collectors
 from recovery.collector.health import collector_health
 from recovery.models import CollectorHeartbeat, Kind
 from recovery.replay import replay_message
-from tests.collector.conftest import declare_queue, open_channel, publish, reject_next, stored
+from tests.collector.conftest import declare_app_queue, open_channel, publish, reject_next, stored
 from tests.conftest import make_user, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -30,7 +30,7 @@ def test_one_collector_serves_every_configured_vhost(two_vhosts):
     )
     for vhost in (first, second):
         channel = open_channel(vhost)
-        declare_queue(channel, "orders")  # the same queue name in both vhosts
+        declare_app_queue(channel, "orders")  # the same queue name in both vhosts
         publish(channel, "orders", vhost.encode(), message_id=f"from-{vhost}")
         reject_next(channel, "orders")
         channel.exchange_declare(
@@ -64,7 +64,7 @@ def test_one_collector_serves_every_configured_vhost(two_vhosts):
 def test_health_shows_every_source_of_every_vhost(two_vhosts, client):
     first, second, _threads = two_vhosts
     channel = open_channel(second)
-    declare_queue(channel, "hq")
+    declare_app_queue(channel, "hq")
     for i in range(5):
         publish(channel, "hq", b"x", message_id=f"h{i}")
         reject_next(channel, "hq")
@@ -101,7 +101,7 @@ def test_health_shows_every_source_of_every_vhost(two_vhosts, client):
 
 def test_health_shows_the_lag_when_nobody_collects(transactional_db, wired, clean_queues, amqp):
     CollectorHeartbeat.objects.all().delete()
-    declare_queue(amqp, "lagging")
+    declare_app_queue(amqp, "lagging")
     for i in range(3):
         publish(amqp, "lagging", b"x", message_id=f"lag{i}")
         reject_next(amqp, "lagging")

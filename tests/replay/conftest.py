@@ -27,8 +27,8 @@ from recovery.collector.rows import delivery_to_row, store_rows
 from recovery.db import database_conninfo
 from recovery.models import Message
 from tests.conftest import point_celery_at
+from tests.helpers import declare_app_queue  # noqa: F401 - the replay tests' import
 
-DLX_ARGS = {"x-dead-letter-exchange": "recovery.dlx"}
 _ids = itertools.count(1)
 
 
@@ -105,11 +105,6 @@ def populated(queue, count, operator, runner="runner-a"):
     job.refresh_from_db()
     assert store.populate(*selection_sql(job), 0) == count
     return job, store, messages
-
-
-def declare_app_queue(channel, name, **arguments):
-    channel.queue_delete(name)
-    channel.queue_declare(name, durable=True, arguments={**DLX_ARGS, **arguments})
 
 
 def drain(queue, idle=0.5):

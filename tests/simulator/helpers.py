@@ -7,6 +7,8 @@ import re
 
 from django.core.management import call_command
 
+from tests.helpers import drain  # noqa: F401 - the simulator tests' import
+
 # Shares high enough that a run of ~150 messages meets every fault (the seed makes it certain).
 BUSY_FAULTS = (
     "--reject",
@@ -61,17 +63,6 @@ def read_log_lines(log_dir):
                 for raw in handle:
                     lines.append((os.path.relpath(path, log_dir), json.loads(raw)))
     return lines
-
-
-def drain(channel, queue):
-    """Every message in ``queue`` (acked): [(properties, body)]."""
-    got = []
-    while True:
-        method, properties, body = channel.basic_get(queue)
-        if method is None:
-            return got
-        channel.basic_ack(method.delivery_tag)
-        got.append((properties, body))
 
 
 def of_run(messages, truth):
