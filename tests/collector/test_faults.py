@@ -190,3 +190,28 @@ def test_a_real_postgresql_restart_mid_drain(worker_process, wired):
 
     drain_with_faults(worker, "fault.pgrestart", FAULT_N, [(0.3, restart_postgresql)], timeout=300)
     assert_exactly_once_and_empty(worker, "fault.pgrestart", FAULT_N, wired)
+
+
+def test_sigterm_mid_drain_stores_and_acks_what_it_holds_then_exits(worker_process, wired):
+    """#18 graceful stop: SIGTERM mid-drain exits cleanly within a bound, and at that moment
+    every message is either stored (and acked) or back in the queue, never both, never neither."""
+    fill(wired, "fault.term", FAULT_N)
+    worker = worker_process()
+    seen = {}
+
+    def stop_gracefully():
+        started = time.monotonic()
+        worker.stop()  # SIGTERM; stop() kills after 30 s
+        seen["took"], seen["code"] = time.monotonic() - started, worker.process.returncode
+        seen["stored"] = stored_count("fault.term")
+        channel = open_channel(wired)
+        seen["queued"] = depth(channel, "recovery.dead_letters")
+        channel.connection.close()
+        worker.start()
+
+    drain_with_faults(worker, "fault.term", FAULT_N, [(0.3, stop_gracefully)], timeout=300)
+
+    assert seen["code"] == 0 and seen["took"] < 20, seen
+    assert 0 < seen["stored"] < FAULT_N, seen
+    assert seen["stored"] + seen["queued"] == FAULT_N, seen  # stored = acked; the rest queued
+    assert_exactly_once_and_empty(worker, "fault.term", FAULT_N, wired)
