@@ -236,6 +236,8 @@ def _json_safe(value):
     return value
 
 
+# The key columns of the job's windows output: spark.metrics.WINDOW_KEYS, which this side may
+# not import (spark/ and recovery/ are separate layers); a test in tests/spark holds them equal.
 WINDOW_KEYS = ("window_start", "window_end", "status", "exchange", "consumer_group")
 
 EVIDENCE_SQL = """COPY recovery_auditevidence
