@@ -23,9 +23,17 @@ def free_port():
         return sock.getsockname()[1]
 
 
+class NoRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None  # a 3xx is the answer under test, not something to follow
+
+
+OPENER = urllib.request.build_opener(NoRedirects)
+
+
 def get(url):
     try:
-        with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - our own server
+        with OPENER.open(url, timeout=10) as response:
             return response.status, dict(response.headers), response.read()
     except urllib.error.HTTPError as error:
         return error.code, dict(error.headers), error.read()
