@@ -2,13 +2,12 @@
 
 from django import forms
 from django.contrib.auth.decorators import login_required
-from django.db import connection
 from django.db.models import Max, Q, Sum
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
 from console.access import viewer_required
-from recovery.models import OPEN, Kind, MessageCount, Reason, Status
+from recovery.models import OPEN, Kind, MessageCount, Reason, Status, group_details
 
 PAGE_SIZE = 100
 
@@ -53,30 +52,6 @@ def group_rows(form):
     if form.cleaned_data.get("open_only"):
         rows = rows.filter(open__gt=0)
     return rows
-
-
-def group_details(keys):
-    """Label, kind, source and exact first/last collection time per group (index probes)."""
-    if not keys:
-        return {}
-    with connection.cursor() as cur:
-        cur.execute(
-            """
-            SELECT g.key, newest.group_label, newest.kind, newest.reason, newest.source_queue,
-                   newest.source_exchange, newest.collected_at,
-                   (SELECT m.collected_at FROM recovery_message m WHERE m.group_key = g.key
-                    ORDER BY m.collected_at, m.id LIMIT 1)
-            FROM unnest(%s::text[]) AS g(key)
-            CROSS JOIN LATERAL (
-                SELECT group_label, kind, reason, source_queue, source_exchange, collected_at
-                FROM recovery_message m WHERE m.group_key = g.key
-                ORDER BY m.collected_at DESC, m.id DESC LIMIT 1
-            ) AS newest
-            """,
-            [list(keys)],
-        )
-        columns = ["key", "label", "kind", "reason", "queue", "exchange", "last", "first"]
-        return {row[0]: dict(zip(columns, row, strict=True)) for row in cur.fetchall()}
 
 
 @login_required

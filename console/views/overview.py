@@ -11,8 +11,6 @@ from collections import defaultdict
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
-from django.db import connection
-from django.db.models import Sum
 from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
@@ -22,7 +20,7 @@ from recovery.broker.management import Management
 from recovery.broker.topology import DLX_POLICY, Names
 from recovery.collector.health import collector_health
 from recovery.errors import ManagementError
-from recovery.models import OPEN, Activity, Kind, MessageCount
+from recovery.models import OPEN, Activity, Kind, hourly_sums, rollup_sums
 
 TOP_SOURCES = 15
 MANAGEMENT_TIMEOUT_SECONDS = 3
@@ -31,40 +29,6 @@ APP_QUEUES_SHOWN = 20
 
 def _hour(moment):
     return moment.replace(minute=0, second=0, microsecond=0)
-
-
-TOTALS_KEY = ("vhost", "kind", "source_queue", "source_exchange", "reason", "status")
-
-
-def rollup_sums():
-    """One pass over MessageCount: (totals per source key, totals per hour and kind)."""
-    key = ", ".join(TOTALS_KEY)
-    table = MessageCount._meta.db_table
-    with connection.cursor() as cur:
-        cur.execute(
-            f"""
-            SELECT GROUPING(hour), hour, {key}, sum(n)::bigint FROM {table}
-            GROUP BY GROUPING SETS (({key}), (hour, kind))
-            HAVING sum(n) <> 0
-            """
-        )
-        rows = cur.fetchall()
-    totals, hourly = [], []
-    for by_source, hour, *values, total in rows:
-        if by_source:
-            if total > 0:
-                totals.append({**dict(zip(TOTALS_KEY, values, strict=True)), "total": total})
-        else:
-            hourly.append({"hour": hour, "kind": values[1], "total": total})
-    return totals, hourly
-
-
-def hourly_sums(start, end):
-    return (
-        MessageCount.objects.filter(hour__gte=start, hour__lt=end)
-        .values("hour", "kind")
-        .annotate(total=Sum("n"))
-    )
 
 
 def store_counts(rows):

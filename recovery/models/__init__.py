@@ -35,6 +35,9 @@ from recovery.models.store import (
     Reason,
     Status,
     default_target_of,
+    group_details,
+    hourly_sums,
+    rollup_sums,
 )
 
 __all__ = [
@@ -66,8 +69,11 @@ __all__ = [
     "Role",
     "Status",
     "default_target_of",
+    "group_details",
     "has_role",
     "hash_token",
+    "hourly_sums",
     "role_of",
+    "rollup_sums",
     "set_role",
 ]

@@ -3,7 +3,8 @@
 import datetime
 
 from django.contrib.postgres.indexes import GinIndex
-from django.db import models
+from django.db import connection, models
+from django.db.models import Sum
 from django.utils import timezone
 
 from recovery.client import headers as header_codec
@@ -321,3 +322,63 @@ REBUILD_COUNTS_SQL = f"""
     INSERT INTO recovery_messagecount ({", ".join(MessageCount.KEY)}, n)
     SELECT {COUNT_KEY_SQL}, count(*) FROM recovery_message GROUP BY 1, 2, 3, 4, 5, 6, 7, 8
 """
+
+
+# ---- the console's queries over the store and its rollup (SQL beside the models it reads) ----
+
+TOTALS_KEY = ("vhost", "kind", "source_queue", "source_exchange", "reason", "status")
+
+
+def rollup_sums():
+    """One pass over MessageCount: (totals per source key, totals per hour and kind)."""
+    key = ", ".join(TOTALS_KEY)
+    table = MessageCount._meta.db_table
+    with connection.cursor() as cur:
+        cur.execute(
+            f"""
+            SELECT GROUPING(hour), hour, {key}, sum(n)::bigint FROM {table}
+            GROUP BY GROUPING SETS (({key}), (hour, kind))
+            HAVING sum(n) <> 0
+            """
+        )
+        rows = cur.fetchall()
+    totals, hourly = [], []
+    for by_source, hour, *values, total in rows:
+        if by_source:
+            if total > 0:
+                totals.append({**dict(zip(TOTALS_KEY, values, strict=True)), "total": total})
+        else:
+            hourly.append({"hour": hour, "kind": values[1], "total": total})
+    return totals, hourly
+
+
+def hourly_sums(start, end):
+    return (
+        MessageCount.objects.filter(hour__gte=start, hour__lt=end)
+        .values("hour", "kind")
+        .annotate(total=Sum("n"))
+    )
+
+
+def group_details(keys):
+    """Label, kind, source and exact first/last collection time per group (index probes)."""
+    if not keys:
+        return {}
+    with connection.cursor() as cur:
+        cur.execute(
+            """
+            SELECT g.key, newest.group_label, newest.kind, newest.reason, newest.source_queue,
+                   newest.source_exchange, newest.collected_at,
+                   (SELECT m.collected_at FROM recovery_message m WHERE m.group_key = g.key
+                    ORDER BY m.collected_at, m.id LIMIT 1)
+            FROM unnest(%s::text[]) AS g(key)
+            CROSS JOIN LATERAL (
+                SELECT group_label, kind, reason, source_queue, source_exchange, collected_at
+                FROM recovery_message m WHERE m.group_key = g.key
+                ORDER BY m.collected_at DESC, m.id DESC LIMIT 1
+            ) AS newest
+            """,
+            [list(keys)],
+        )
+        columns = ["key", "label", "kind", "reason", "queue", "exchange", "last", "first"]
+        return {row[0]: dict(zip(columns, row, strict=True)) for row in cur.fetchall()}
