@@ -42,7 +42,17 @@ EXACT_BROADCAST_LIMIT = 1_000_000
 # Above this share of possibly several-group lines (``LogFacts.multi_group_lines``) among the
 # producer lines, the audit joins every message to its lines instead of folding them.
 FOLD_MAX_MULTI_GROUP_SHARE = 0.2
-OUTPUTS = ("windows", "totals", "lost", "duplicates", "orphans", "input_gaps", "manifest")
+OUTPUTS = (
+    "windows",
+    "totals",
+    "lost",
+    "duplicates",
+    "orphans",
+    "unclaimed",
+    "input_gaps",
+    "expectations",
+    "manifest",
+)
 
 
 def read_store(spark: SparkSession, store_path: str | None) -> DataFrame:
@@ -129,28 +139,49 @@ def audit_frames(
     sla_ms: int,
     now_ms: int,
 ) -> dict[str, DataFrame]:
-    """The audit over parsed inputs (``read_logs`` frames, store export, bindings snapshot).
+    """The audit over parsed inputs (``read_logs`` frames, store export, bindings entries).
 
-    One small job summarises both logs onto the driver (``spark/log_facts.py``); one job
-    shuffles the lines by message_id, folds them per message, builds the pairs of the messages
-    the fold settles and stores their ``metrics.rollup`` as a local checkpoint, with a row for
-    each message it does not settle; if there are any, a second job builds their pairs the exact
-    way (``transforms.pair_contributions``) and checkpoints both rollups together. Every output
-    reads that checkpoint. The checkpoint cuts the lineage: each output
-    is planned over a one-node plan instead of the whole audit's (analysis, cache lookups and
-    optimisation of that plan cost seconds per output). Its blocks go with the frames.
+    One small job summarises both logs onto the driver (``spark/log_facts.py``); then the
+    rollup (``_rolled``). When the rollup shows groups consuming keys no binding names for
+    them, those become ``observed`` expectations and the rollup is built again with them: a
+    second pass only for the days that need it (a day whose consumers are all bound costs one).
     """
     spark = producer_raw.sparkSession
-    facts = log_facts.LogFacts.from_summary(
-        log_facts.log_summary(producer_raw, consumer_raw).collect(),
-        bindings,
-        day_start_ms,
-        grace_ms,
+    summary = log_facts.log_summary(producer_raw, consumer_raw).collect()
+    facts = log_facts.LogFacts.from_summary(summary, bindings, day_start_ms, grace_ms, now_ms)
+    rolled = _rolled(facts, producer_raw, consumer_raw, store, day_start_ms, grace_ms, now_ms)
+    spans = observed_spans(rolled)
+    if spans:
+        facts = log_facts.LogFacts.from_summary(
+            summary,
+            bindings,
+            day_start_ms,
+            grace_ms,
+            now_ms,
+            observed=log_facts.observed_expectations(spans),
+        )
+        rolled = _rolled(facts, producer_raw, consumer_raw, store, day_start_ms, grace_ms, now_ms)
+    by_key, overall = metrics.nearest_rank_quantiles(metrics.latency_histogram(rolled).toArrow())
+    malformed_by_hour = defaultdict(int)
+    for window_ms, lines in facts.malformed:
+        malformed_by_hour[window_ms] += lines
+    gaps_by_hour = Counter(gap[3] for gap in facts.gaps)
+    missing_by_hour = Counter(window for window, _ in facts.missing_logs)
+    day_hours = range(day_start_ms, day_start_ms + 24 * HOUR_MS, HOUR_MS)
+    hours = log_facts.local_frame(
+        spark,
+        [(h, malformed_by_hour[h], gaps_by_hour[h], missing_by_hour[h]) for h in day_hours],
+        [
+            ("window_ms", "bigint"),
+            ("malformed_lines", "bigint"),
+            ("input_gaps", "bigint"),
+            ("missing_consumer_logs", "bigint"),
+        ],
     )
-    keys = log_facts.local_frame(spark, facts.keys, facts.key_columns())
+    # The input gaps, and (process null) the groups that wrote no line where they were expected.
     gaps = log_facts.local_frame(
         spark,
-        facts.gaps,
+        facts.gaps + [("consumer", None, group, window) for window, group in facts.missing_logs],
         [
             ("source", "string"),
             ("process", "string"),
@@ -158,9 +189,80 @@ def audit_frames(
             ("hour_ms", "bigint"),
         ],
     )
-    bound = log_facts.local_frame(
+    provenance = log_facts.local_frame(spark, facts.provenance, log_facts.PROVENANCE_COLUMNS)
+    return {
+        "windows": metrics.window_metrics(
+            rolled,
+            log_facts.local_frame(spark, by_key, metrics.QUANTILE_COLUMNS),
+            hours,
+            grace_ms,
+            sla_ms,
+            now_ms,
+        ),
+        "totals": metrics.totals(
+            rolled,
+            overall,
+            sum(malformed_by_hour.values()),
+            len(facts.gaps),
+            len(facts.missing_logs),
+            grace_ms,
+            sla_ms,
+            now_ms,
+        ),
+        "lost": metrics.lost_evidence(rolled, provenance),
+        "duplicates": metrics.duplicate_evidence(rolled),
+        "orphans": metrics.orphan_evidence(rolled),
+        "unclaimed": metrics.unclaimed_evidence(rolled),
+        "input_gaps": metrics.gap_evidence(gaps),
+        "expectations": provenance.selectExpr(
+            "exchange",
+            "routing_key",
+            "consumer_group",
+            "source",
+            f"CASE WHEN from_ms > {log_facts.SPAN_START} THEN timestamp_millis(from_ms) END "
+            "AS expected_from",
+            f"CASE WHEN until_ms < {log_facts.SPAN_END} THEN timestamp_millis(until_ms) END "
+            "AS expected_until",
+        ),
+    }
+
+
+def observed_spans(rolled: DataFrame) -> list[tuple]:
+    """(exchange, routing_key, consumer_group, first window, last window) of the messages
+    each group consumed of a key no binding or configuration names it for."""
+    return [
+        tuple(row)
+        for row in rolled.where("unbound_consumption > 0")
+        .groupBy("exchange", "unbound_routing_key", "consumer_group")
+        .agg(F.min("window_ms"), F.max("window_ms"))
+        .orderBy("exchange", "unbound_routing_key", "consumer_group")
+        .collect()
+    ]
+
+
+def _rolled(
+    facts: log_facts.LogFacts,
+    producer_raw: DataFrame,
+    consumer_raw: DataFrame,
+    store: DataFrame,
+    day_start_ms: int,
+    grace_ms: int,
+    now_ms: int,
+) -> DataFrame:
+    """One job shuffles the lines by message_id, folds them per message, builds the pairs of
+    the messages the fold settles and stores their ``metrics.rollup`` as a local checkpoint,
+    with a row for each message it does not settle; if there are any, a second job builds
+    their pairs the exact way (``transforms.pair_contributions``) and checkpoints both rollups
+    together. Every output reads that checkpoint. The checkpoint cuts the lineage: each output
+    is planned over a one-node plan instead of the whole audit's (analysis, cache lookups and
+    optimisation of that plan cost seconds per output). Its blocks go with the frames.
+    """
+    spark = producer_raw.sparkSession
+    keys = log_facts.local_frame(spark, facts.keys, log_facts.KEY_COLUMNS)
+    expectations = log_facts.local_frame(spark, facts.expectations, facts.expectation_columns())
+    bits = log_facts.local_frame(
         spark,
-        [(g, i) for i, g in enumerate(facts.bound_groups)],
+        [(g, i) for i, g in enumerate(facts.bit_groups)],
         [("consumer_group", "string"), ("bit", "int")],
     )
     producers = transforms.by_message(
@@ -171,11 +273,11 @@ def audit_frames(
     fold = facts.multi_group_lines <= FOLD_MAX_MULTI_GROUP_SHARE * facts.producer_lines
     consumers = transforms.by_message(
         (transforms.message_lines if fold else transforms.grouped_consumer_lines)(
-            transforms.valid_lines(consumer_raw), bound
+            transforms.valid_lines(consumer_raw), bits
         )
     )
     messages = transforms.with_expected(
-        transforms.per_message(producers, consumers, facts.words), keys, facts.words
+        transforms.per_message(producers, consumers, facts.words), expectations, facts.words
     )
     stored = transforms.store_rows(
         store,
@@ -202,64 +304,29 @@ def audit_frames(
         )
 
     if fold:
-        rolled = _folded_rollup(
-            messages, consumer_raw, bound, rolled_up, day_start_ms, grace_ms, facts.bound_groups
+        return _folded_rollup(
+            messages, consumer_raw, bits, rolled_up, day_start_ms, grace_ms, facts.bit_groups
         )
-    else:
-        pairs = transforms.pairs(
-            transforms.pair_contributions(
-                messages.select(*transforms.exact_facts(messages)),
-                consumers,
-                day_start_ms,
-                grace_ms,
-                facts.bound_groups,
-            )
+    pairs = transforms.pairs(
+        transforms.pair_contributions(
+            messages.select(*transforms.exact_facts(messages)),
+            consumers,
+            day_start_ms,
+            grace_ms,
+            facts.bit_groups,
         )
-        rolled = _checkpoint(rolled_up(pairs), one_partition=True)
-    by_key, overall = metrics.nearest_rank_quantiles(metrics.latency_histogram(rolled).toArrow())
-    malformed_by_hour = defaultdict(int)
-    for window_ms, lines in facts.malformed:
-        malformed_by_hour[window_ms] += lines
-    gaps_by_hour = Counter(gap[3] for gap in facts.gaps)
-    day_hours = range(day_start_ms, day_start_ms + 24 * HOUR_MS, HOUR_MS)
-    hours = log_facts.local_frame(
-        spark,
-        [(h, malformed_by_hour[h], gaps_by_hour[h]) for h in day_hours],
-        [("window_ms", "bigint"), ("malformed_lines", "bigint"), ("input_gaps", "bigint")],
     )
-    return {
-        "windows": metrics.window_metrics(
-            rolled,
-            log_facts.local_frame(spark, by_key, metrics.QUANTILE_COLUMNS),
-            hours,
-            grace_ms,
-            sla_ms,
-            now_ms,
-        ),
-        "totals": metrics.totals(
-            rolled,
-            overall,
-            sum(malformed_by_hour.values()),
-            len(facts.gaps),
-            grace_ms,
-            sla_ms,
-            now_ms,
-        ),
-        "lost": metrics.lost_evidence(rolled),
-        "duplicates": metrics.duplicate_evidence(rolled),
-        "orphans": metrics.orphan_evidence(rolled),
-        "input_gaps": metrics.gap_evidence(gaps),
-    }
+    return _checkpoint(rolled_up(pairs), one_partition=True)
 
 
 def _folded_rollup(
     messages: DataFrame,
     consumer_raw: DataFrame,
-    bound: DataFrame,
+    bits: DataFrame,
     rolled_up: Callable[..., DataFrame],
     day_start_ms: int,
     grace_ms: int,
-    bound_groups: list[str],
+    bit_groups: list[str],
 ) -> DataFrame:
     """The rollup of ``transforms.message_pairs``, plus that of the exact path's pairs for the
     messages the fold left (their lines picked out of the consumer logs again), checkpointed."""
@@ -267,7 +334,7 @@ def _folded_rollup(
     # and they could be many.
     first_pass = _checkpoint(
         rolled_up(
-            transforms.message_pairs(messages, day_start_ms, grace_ms, bound_groups), ("exact",)
+            transforms.message_pairs(messages, day_start_ms, grace_ms, bit_groups), ("exact",)
         )
     )
     settled = first_pass.where("exact IS NULL").drop("exact")
@@ -285,10 +352,10 @@ def _folded_rollup(
     pairs = transforms.pairs(
         transforms.pair_contributions(
             exact,
-            transforms.by_message(transforms.grouped_consumer_lines(lines, bound)),
+            transforms.by_message(transforms.grouped_consumer_lines(lines, bits)),
             day_start_ms,
             grace_ms,
-            bound_groups,
+            bit_groups,
         )
     )
     return _checkpoint(settled.unionByName(rolled_up(pairs)), one_partition=True)

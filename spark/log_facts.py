@@ -2,8 +2,10 @@
 
 ``log_summary`` is the one Spark job: line counts per log, process, file hour, malformed flag and
 a few keys, as small as processes x hours x keys. ``LogFacts.from_summary`` derives the rest on
-the driver in plain Python: the consumer groups each (exchange, routing key) is bound to, the
-input gaps, malformed lines per hour and which queue belongs to which group. ``local_frame``
+the driver in plain Python: the consumer groups each (exchange, routing key) is expected to
+reach and when (``Expectation``: bindings history, configuration, observation), the input gaps
+and the groups that wrote no line where they were expected, malformed lines per hour and which
+queue belongs to which group. ``local_frame``
 hands such rows back to Spark as a local relation, which a broadcast join reads without a job.
 Definitions: the docstring of ``spark/transforms.py``.
 """
@@ -41,9 +43,9 @@ def log_summary(producer_raw: DataFrame, consumer_raw: DataFrame) -> DataFrame:
     row-group statistics, so neither reads the message ids. ``LogFacts.from_summary`` takes
     the difference. The hashes are computed on the counted rows, not on every line."""
 
-    def counted(frame: DataFrame, keys: list) -> DataFrame:
-        every = frame.groupBy(*keys).agg(F.count(F.lit(1)).alias("lines"))
-        bad = frame.where("malformed").groupBy(*keys).agg(F.count(F.lit(1)).alias("lines"))
+    def counted(frame: DataFrame, keys: list, *extra: Column) -> DataFrame:
+        every = frame.groupBy(*keys).agg(F.count(F.lit(1)).alias("lines"), *extra)
+        bad = frame.where("malformed").groupBy(*keys).agg(F.count(F.lit(1)).alias("lines"), *extra)
         return every.withColumn("malformed", F.lit(None).cast("boolean")).unionByName(
             bad.withColumn("malformed", F.lit(True))
         )
@@ -56,6 +58,7 @@ def log_summary(producer_raw: DataFrame, consumer_raw: DataFrame) -> DataFrame:
             "exchange",
             F.coalesce("routing_key", F.lit("")).alias("routing_key"),
         ],
+        F.expr("count_if(outcome = 'ack') AS acked"),
     ).select(F.lit("producer").alias("source"), "*", key_hash().alias("key_hash"))
     consumer = counted(
         consumer_raw,
@@ -77,15 +80,21 @@ def valid_and_malformed(summary) -> tuple[list, list]:
         "consumer_group",
         "queue",
     )
-    less = defaultdict(int)
+    less = defaultdict(lambda: [0, 0])
     for row in bad:
-        less[tuple(row[k] for k in key)] += row.lines
+        counts = less[tuple(row[k] for k in key)]
+        counts[0] += row.lines
+        counts[1] += row.acked or 0
     valid = []
     for row in summary:
         if row.malformed is None:
-            lines = row.lines - less[tuple(row[k] for k in key)]
+            bad_lines, bad_acked = less[tuple(row[k] for k in key)]
+            lines = row.lines - bad_lines
             if lines > 0:
-                valid.append(Row(**{**row.asDict(), "malformed": False, "lines": lines}))
+                acked = (row.acked or 0) - bad_acked
+                valid.append(
+                    Row(**{**row.asDict(), "malformed": False, "lines": lines, "acked": acked})
+                )
     return valid, bad
 
 
@@ -133,14 +142,91 @@ def gap_windows(gaps, grace_ms: int) -> list[tuple]:
     return sorted(windows, key=lambda w: (w[0], w[1] or ""))
 
 
+# Unbounded ends of an expectation's time span (epoch ms), far from any real timestamp.
+SPAN_START, SPAN_END = -(1 << 62), 1 << 62
+# Which source an expectation came from, strongest first: what the evidence shows.
+SOURCES = ("configured", "bound", "observed")
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """A consumer group expected to receive (exchange, routing key) messages first published in
+    [from_ms, until_ms): from a binding (``bound``: the bindings history or a snapshot),
+    ``AUDIT_BINDINGS`` (``configured``) or the consumer logs (``observed``, an exact key)."""
+
+    exchange: str
+    pattern: str
+    consumer_group: str
+    queue: str | None = None
+    source: str = "bound"
+    from_ms: int = SPAN_START
+    until_ms: int = SPAN_END
+    exact: bool = False
+
+    @classmethod
+    def from_binding(cls, entry: dict) -> "Expectation":
+        """A bindings entry: ``exchange``, ``routing_key`` (topic pattern), ``consumer_group``,
+        optional ``queue``, ``source`` (bound | configured), ``from_ms``/``until_ms`` (null:
+        unbounded)."""
+        source = entry.get("source") or "bound"
+        if source not in SOURCES:
+            raise ValueError(f"unknown expectation source {source!r}")
+        from_ms, until_ms = entry.get("from_ms"), entry.get("until_ms")
+        return cls(
+            exchange=entry["exchange"],
+            pattern=entry["routing_key"],
+            consumer_group=entry["consumer_group"],
+            queue=entry.get("queue"),
+            source=source,
+            from_ms=SPAN_START if from_ms is None else int(from_ms),
+            until_ms=SPAN_END if until_ms is None else int(until_ms),
+        )
+
+    def matcher(self):
+        if self.exact:
+            return lambda key: key == self.pattern
+        return re.compile(topic_pattern_regex(self.pattern)).fullmatch
+
+
+def observed_expectations(spans) -> list[Expectation]:
+    """(exchange, routing_key, consumer_group, first window, last window) of the consumptions
+    of keys a group was never bound to -> ``observed`` expectations from the first window's
+    start to the last one's end (the metric definitions: transforms.py "expected group")."""
+    return [
+        Expectation(exchange, key, group, None, "observed", first, last + HOUR_MS, exact=True)
+        for exchange, key, group, first, last in spans
+    ]
+
+
+def segments(spans) -> list[tuple[int, int, frozenset]]:
+    """[(group, from, until)] -> [(from, until, groups)]: the time split where the set of
+    groups changes, adjacent pieces with equal sets merged, empty sets left out."""
+    cuts = sorted({SPAN_START, SPAN_END} | {f for _, f, _ in spans} | {u for _, _, u in spans})
+    out = []
+    for lo, hi in zip(cuts, cuts[1:], strict=False):
+        groups = frozenset(g for g, f, u in spans if f <= lo and hi <= u)
+        if out and out[-1][2] == groups and out[-1][1] == lo:
+            out[-1] = (out[-1][0], hi, groups)
+        else:
+            out.append((lo, hi, groups))
+    return [s for s in out if s[2]]
+
+
 @dataclass(frozen=True)
 class LogFacts:
-    # (key_hash, exchange, routing_key, expected_0, ..): the bound groups' bitmask per key
-    keys: list[tuple]
-    bound_groups: list[str]  # every group a binding names; its bit = its index
+    keys: list[tuple]  # (key_hash, exchange, routing_key) of every producer key
+    # (key_hash, from_ms, until_ms, expected_0.., bound_0..): per key and time span, the groups
+    # expected (bitmask) and the groups any binding or configuration names for the key that day
+    expectations: list[tuple]
+    # (exchange, routing_key, consumer_group, from_ms, until_ms, source): where each expected
+    # group of a key comes from, for the evidence
+    provenance: list[tuple]
+    bit_groups: list[str]  # every group a bitmask can name; its bit = its index
+    bound_groups: list[str]  # the groups a binding or the configuration names
     words: int
-    gaps: list[tuple]  # (source, process, consumer_group, hour_ms)
+    gaps: list[tuple]  # (source, process, consumer_group, hour_ms); process null: no log at all
     gap_windows: list[tuple]  # (window_ms, consumer_group)
+    missing_logs: list[tuple]  # (window_ms, consumer_group): expected, confirmed, no line
     malformed: list[tuple]  # (window_ms, lines) of the audited day
     queue_groups: list[tuple]  # (queue, consumer_group) from the consumer logs and the bindings
     groups: list[str]  # every group of the consumer logs or the bindings
@@ -151,9 +237,18 @@ class LogFacts:
 
     @classmethod
     def from_summary(
-        cls, summary, bindings: list[dict], day_start_ms: int, grace_ms: int
+        cls,
+        summary,
+        bindings: list[dict],
+        day_start_ms: int,
+        grace_ms: int,
+        now_ms: int | None = None,
+        observed: list[Expectation] = (),
     ) -> "LogFacts":
-        """``summary``: the collected rows of ``log_summary``; ``bindings``: the snapshot."""
+        """``summary``: the collected rows of ``log_summary``; ``bindings``: the bindings
+        entries (``Expectation.from_binding``); ``observed``: the expectations the consumer
+        logs showed (a second pass, ``spark/audit.py``); ``now_ms``: windows whose deadline
+        has passed are checked for groups that wrote no line (null: none are)."""
         day_end_ms = day_start_ms + 24 * HOUR_MS
         valid, bad = valid_and_malformed(summary)
         producer = [row for row in valid if row.source == "producer"]
@@ -161,28 +256,48 @@ class LogFacts:
         _distinct_ids({(r.exchange, r.routing_key): r.key_hash for r in producer}.items(), "keys")
         _distinct_ids({r.consumer_group: r.group_hash for r in consumer}.items(), "groups")
 
-        bound = sorted({b["consumer_group"] for b in bindings})
-        bit = {group: i for i, group in enumerate(bound)}
-        words = max(1, math.ceil(len(bound) / WORD_BITS))
-        patterns = [
-            (b["exchange"], re.compile(topic_pattern_regex(b["routing_key"])), b["consumer_group"])
-            for b in bindings
-        ]
-        keys = []
+        configured = [Expectation.from_binding(b) for b in bindings]
+        every = [*configured, *observed]
+        bound = sorted({e.consumer_group for e in configured})
+        logged = {r.consumer_group for r in consumer}
+        bit_groups = sorted(set(bound) | logged | {e.consumer_group for e in observed})
+        bit = {group: i for i, group in enumerate(bit_groups)}
+        words = max(1, math.ceil(len(bit_groups) / WORD_BITS))
+        matchers = [(e, e.matcher()) for e in every]
+
+        def mask(groups) -> list[int]:
+            words_ = [0] * words
+            for group in groups:
+                words_[bit[group] // WORD_BITS] |= 1 << (bit[group] % WORD_BITS)
+            return words_
+
+        keys, expectations, provenance, spans_of = [], [], [], {}
         for (exchange, routing_key), hashed in sorted(
             {(r.exchange, r.routing_key): r.key_hash for r in producer}.items()
         ):
-            groups = sorted(
-                {g for e, p, g in patterns if e == exchange and p.fullmatch(routing_key)}
+            keys.append((hashed, exchange, routing_key))
+            applying = [e for e, m in matchers if e.exchange == exchange and m(routing_key)]
+            spans = [(e.consumer_group, e.from_ms, e.until_ms) for e in applying]
+            spans_of[(exchange, routing_key)] = spans
+            anybound = mask({e.consumer_group for e in applying if e.source != "observed"})
+            for lo, hi, groups in segments(spans):
+                expectations.append((hashed, lo, hi, *mask(groups), *anybound))
+            if not spans and any(anybound):
+                expectations.append((hashed, SPAN_START, SPAN_END, *([0] * words), *anybound))
+            provenance += sorted(
+                {
+                    (exchange, routing_key, e.consumer_group, e.from_ms, e.until_ms, e.source)
+                    for e in applying
+                }
             )
-            mask = [0] * words
-            for group in groups:
-                mask[bit[group] // WORD_BITS] |= 1 << (bit[group] % WORD_BITS)
-            keys.append((hashed, exchange, routing_key, *mask))
 
-        fanout = {k[0] for k in keys if sum(bin(word).count("1") for word in k[3:]) > 1}
+        fanout = {
+            hashed
+            for hashed, exchange, routing_key in keys
+            if len({g for g, _, _ in spans_of[(exchange, routing_key)]}) > 1
+        }
         multi_group_lines = sum(r.lines for r in producer if r.key_hash in fanout)
-        multi_group_lines += sum(r.lines for r in consumer if r.consumer_group not in bit)
+        multi_group_lines += sum(r.lines for r in consumer if r.consumer_group not in bound)
         hours = {
             (r.source, r.process, r.consumer_group, r.file_hour_ms)
             for r in summary
@@ -196,35 +311,84 @@ class LogFacts:
             day_start_ms,
             day_end_ms + grace_hours * HOUR_MS,
         )
+        missing = missing_logs(producer, consumer, spans_of, day_start_ms, grace_ms, now_ms)
         malformed = defaultdict(int)
         for row in bad:
             if day_start_ms <= row.file_hour_ms < day_end_ms:
                 malformed[row.file_hour_ms] += row.lines
         queue_groups = {(r.queue, r.consumer_group) for r in consumer if r.queue is not None}
-        queue_groups |= {(b["queue"], b["consumer_group"]) for b in bindings if b.get("queue")}
+        queue_groups |= {(e.queue, e.consumer_group) for e in configured if e.queue}
         return cls(
             keys=keys,
+            expectations=expectations,
+            provenance=provenance,
+            bit_groups=bit_groups,
             bound_groups=bound,
             words=words,
             gaps=gaps,
-            gap_windows=gap_windows(gaps, grace_ms),
+            gap_windows=sorted(
+                set(gap_windows(gaps, grace_ms)) | set(missing), key=lambda w: (w[0], w[1] or "")
+            ),
+            missing_logs=missing,
             malformed=sorted(malformed.items()),
             queue_groups=sorted(queue_groups),
             groups=sorted(
-                {r.consumer_group for r in summary if r.source == "consumer"} - {None} | set(bound)
+                {r.consumer_group for r in summary if r.source == "consumer"} - {None}
+                | set(bit_groups)
             ),
             producer_lines=sum(r.lines for r in producer),
             multi_group_lines=multi_group_lines,
         )
 
-    def key_columns(self) -> list[tuple[str, str]]:
-        expected = [(f"expected_{w}", "bigint") for w in range(self.words)]
+    def expectation_columns(self) -> list[tuple[str, str]]:
         return [
             ("key_hash", "bigint"),
-            ("exchange", "string"),
-            ("routing_key", "string"),
-            *expected,
+            ("from_ms", "bigint"),
+            ("until_ms", "bigint"),
+            *[(f"expected_{w}", "bigint") for w in range(self.words)],
+            *[(f"bound_{w}", "bigint") for w in range(self.words)],
         ]
+
+
+KEY_COLUMNS = [("key_hash", "bigint"), ("exchange", "string"), ("routing_key", "string")]
+PROVENANCE_COLUMNS = [
+    ("exchange", "string"),
+    ("routing_key", "string"),
+    ("consumer_group", "string"),
+    ("from_ms", "bigint"),
+    ("until_ms", "bigint"),
+    ("source", "string"),
+]
+
+
+def missing_logs(producer, consumer, spans_of, day_start_ms, grace_ms, now_ms) -> list[tuple]:
+    """(window_ms, group) where the group was expected to receive confirmed messages of the
+    window (acknowledged producer lines of a key in that file hour) and no consumer of it wrote
+    a line from the window's start to the end of its deadline's hour: its log is missing (or
+    every consumer of it was down), so its messages are ``unverified``, not lost. Only windows
+    whose deadline has passed (``now_ms``)."""
+    if now_ms is None:
+        return []
+    lines_at = defaultdict(set)
+    for row in consumer:
+        lines_at[row.consumer_group].add(row.file_hour_ms)
+    acked = defaultdict(int)
+    for row in producer:
+        acked[(row.exchange, row.routing_key, row.file_hour_ms)] += row.acked or 0
+    missing = set()
+    for (exchange, routing_key, window), count in acked.items():
+        deadline = window + HOUR_MS + grace_ms
+        if not count or not day_start_ms <= window < day_start_ms + 24 * HOUR_MS:
+            continue
+        if deadline > now_ms:
+            continue
+        last_hour = deadline - deadline % HOUR_MS
+        for group, lo, hi in spans_of.get((exchange, routing_key), ()):
+            if lo < window + HOUR_MS and window < hi:
+                heard = lines_at.get(group, set())
+                if not any(window <= h <= last_hour for h in heard):
+                    missing.add((window, group))
+    return sorted(missing)
 
 
 def sql_literal(value, sql_type: str) -> str:

@@ -55,6 +55,19 @@ COUNT_METRICS = (
     "clock_skew",
     "malformed_lines",
     "input_gaps",
+    "unclaimed",
+    "unbound_consumption",
+    "missing_consumer_logs",
+)
+# What the audit could not decide: a run or window with any of these is never a plain success.
+WARNING_METRICS = (
+    "unclaimed",
+    "unbound_consumption",
+    "missing_consumer_logs",
+    "unverified",
+    "input_gaps",
+    "malformed_lines",
+    "orphan_consumptions",
 )
 LATENCY_METRICS = ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms", "latency_max_ms")
 RATIO_METRICS = ("loss_ppm", "within_sla_share")
@@ -109,13 +122,17 @@ def rollup(facts: DataFrame, grace_ms: int, now_ms: int, carry: tuple[str, ...] 
         "orphan_consumer",
         "orphan_ts",
     ]
+    listed_unclaimed = "(NOT orphan AND unclaimed)"
     evidence = (
-        f"CASE WHEN {listed_lost} OR (NOT orphan AND {DUP_TOTAL} > 0) OR orphan THEN named_struct("
+        f"CASE WHEN {listed_lost} OR (NOT orphan AND {DUP_TOTAL} > 0) OR orphan "
+        f"OR {listed_unclaimed} THEN named_struct("
         + ", ".join(f"'{f}', {f}" for f in fields)
-        + f", 'lost', {listed_lost}) END AS evidence"
+        + f", 'lost', {listed_lost}, 'unclaimed', {listed_unclaimed}) END AS evidence"
     )
     keys = ["window_ms", "exchange", "group_hash", "primary", "orphan", "latency_ms", *carry]
-    return facts.groupBy(*keys, F.expr(evidence)).agg(
+    # The key a group consumed without any binding naming it: what observation learns from.
+    unbound_key = F.expr("CASE WHEN unbound THEN routing_key END AS unbound_routing_key")
+    return facts.groupBy(*keys, F.expr(evidence), unbound_key).agg(
         *sql_exprs(
             "count(1) AS pairs",
             "sum(attempts) AS attempts",
@@ -129,6 +146,8 @@ def rollup(facts: DataFrame, grace_ms: int, now_ms: int, carry: tuple[str, ...] 
             ],
             "count_if(recovered) AS recovered",
             "count_if(unaccounted) AS unaccounted",
+            "count_if(unclaimed) AS unclaimed",
+            "count_if(unbound) AS unbound_consumption",
             f"count_if({DUP_TOTAL} > 0) AS dup_msgs",
             *[f"sum(dup_{cause}) AS dup_{cause}" for cause in DUP_CAUSES],
             "sum(late_deliveries) AS late_deliveries",
@@ -167,6 +186,8 @@ def _pair_counts(final: str, sla_ms: int) -> list[str]:
                 "dup_msgs",
                 *[f"dup_{cause}" for cause in DUP_CAUSES],
                 "late_deliveries",
+                "unclaimed",
+                "unbound_consumption",
             )
         ],
         f"{_sum('unaccounted', f'{final} AND NOT in_input_gap')} AS lost",
@@ -246,8 +267,9 @@ def window_metrics(
     """One row per window x exchange x consumer group, plus one per window with both keys null.
 
     ``quantiles``: ``QUANTILE_COLUMNS`` (``nearest_rank_quantiles`` per key); ``hours``: one row
-    per window of the day (window_ms, malformed_lines, input_gaps), the keyless rows, which
-    carry those two; ``orphan_consumptions`` sit on rows with a null exchange and the group.
+    per window of the day (window_ms, malformed_lines, input_gaps, missing_consumer_logs), the
+    keyless rows, which carry those three; ``orphan_consumptions`` sit on rows with a null
+    exchange and the group.
     """
     final = _final(grace_ms, now_ms)
     keys = list(QUANTILE_KEYS)
@@ -292,6 +314,7 @@ def totals(
     quantiles: tuple,
     malformed_lines: int,
     input_gaps: int,
+    missing_consumer_logs: int,
     grace_ms: int,
     sla_ms: int,
     now_ms: int,
@@ -321,6 +344,7 @@ def totals(
             ],
             f"{malformed_lines}L AS malformed_lines",
             f"{input_gaps}L AS input_gaps",
+            f"{missing_consumer_logs}L AS missing_consumer_logs",
         )
     )
     side = rolled.where("orphan").agg(F.expr("sum(lines) AS orphan_consumptions"))
@@ -332,9 +356,12 @@ def totals(
     )
 
 
-def lost_evidence(rolled: DataFrame) -> DataFrame:
-    """The unaccounted pairs of FINAL windows: ``lost``, or ``unverified`` in an input gap."""
-    return rolled.where("evidence.lost").selectExpr(
+def lost_evidence(rolled: DataFrame, provenance: DataFrame) -> DataFrame:
+    """The unaccounted pairs of FINAL windows: ``lost``, or ``unverified`` in an input gap, and
+    ``expected_by``: the strongest source of the group's expectation over the window
+    (``provenance``: ``log_facts.PROVENANCE_COLUMNS``; configured, bound, observed)."""
+    lost = rolled.where("evidence.lost").selectExpr(
+        "window_ms",
         "timestamp_millis(window_ms) AS window_start",
         "exchange",
         "evidence.routing_key",
@@ -342,6 +369,42 @@ def lost_evidence(rolled: DataFrame) -> DataFrame:
         "evidence.message_id",
         "CAST(evidence.attempts AS int) AS attempts",
         "CASE WHEN in_input_gap THEN 'unverified' ELSE 'lost' END AS verdict",
+        "evidence.store_id",
+    )
+    sources = "array('configured', 'bound', 'observed')"
+    spans = F.broadcast(
+        provenance.selectExpr(
+            "exchange AS p_exchange",
+            "routing_key AS p_routing_key",
+            "consumer_group AS p_group",
+            "from_ms",
+            "until_ms",
+            f"array_position({sources}, source) AS rank",
+        )
+    )
+    on = (
+        (F.col("exchange") == F.col("p_exchange"))
+        & (F.col("routing_key") == F.col("p_routing_key"))
+        & (F.col("consumer_group") == F.col("p_group"))
+        & (F.col("from_ms") < F.col("window_ms") + HOUR_MS)
+        & (F.col("window_ms") < F.col("until_ms"))
+    )
+    columns = [c for c in lost.columns if c != "window_ms"]
+    return (
+        lost.join(spans, on=on, how="left")
+        .groupBy(*columns)
+        .agg(F.expr(f"element_at({sources}, CAST(min(rank) AS int)) AS expected_by"))
+    )
+
+
+def unclaimed_evidence(rolled: DataFrame) -> DataFrame:
+    """The confirmed messages no group was expected to receive."""
+    return rolled.where("evidence.unclaimed").selectExpr(
+        "timestamp_millis(window_ms) AS window_start",
+        "exchange",
+        "evidence.routing_key",
+        "evidence.message_id",
+        "CAST(evidence.attempts AS int) AS attempts",
         "evidence.store_id",
     )
 
@@ -381,6 +444,11 @@ def orphan_evidence(rolled: DataFrame) -> DataFrame:
             "timestamp_millis(evidence.orphan_ts) AS consumed_at",
         )
     )
+
+
+def warnings(row: dict) -> list[dict]:
+    """The ``WARNING_METRICS`` a totals or window row counts, as ``[{code, count}]``."""
+    return [{"code": m, "count": row[m]} for m in WARNING_METRICS if row.get(m)]
 
 
 def gap_evidence(gaps: DataFrame) -> DataFrame:

@@ -13,9 +13,32 @@ message      a ``message_id`` seen in the producer logs. Its window is the UTC h
 publish state  exactly one per message, so the four sum to ``distinct_published``:
              ``confirmed`` if any attempt was acked, else ``returned`` if any was returned, else
              ``nacked`` if any was nacked, else ``unconfirmed`` (timeout/error only).
-pair         (message, consumer group) for every group the bindings snapshot expects the message to
-             reach (exchange equal, routing key matching the topic pattern) and every group that
-             logged a delivery of it. A message with neither gets one pair with a null group.
+expected group  a group expected to receive a message: one whose expectation for the message's
+             exchange and routing key (exchange equal, routing key matching the topic pattern)
+             holds at its first publish ``ts``. Expectations come from three sources:
+             ``bound``: the bindings history (a binding counts from the first to the last time the
+             history saw it; one present when the history began counts from the start), or a
+             snapshot taken at audit time when there is no history; ``configured``:
+             ``AUDIT_BINDINGS``, which replaces the broker's bindings; ``observed``: a group that
+             logged lines of messages of a key no binding or configuration names it for that day
+             is expected for that exact key from the start of the window of the first such
+             message to the end of the window of the last one. (A group bound to the key at any
+             time of the day is held to its bindings only: its consumption outside them is
+             counted, not turned into an expectation.) Each lost pair shows its strongest source
+             (configured, bound, observed).
+pair         (message, consumer group) for every expected group and every group that logged a
+             delivery of it. A message with neither gets one pair with a null group.
+unclaimed    confirmed messages with no expected group: no binding, configuration or observation
+             says who should have received them. Counted (``unclaimed``) with their ids, never
+             treated as fine.
+unbound_consumption  pairs of a group that logged lines of messages of a key no binding or
+             configuration names it for that day (such a group is then ``observed``).
+missing_consumer_logs  (window, group) where the group was expected to receive confirmed
+             messages of the window (acknowledged producer lines of the key in that file hour)
+             and none of its consumers wrote any line from the window's start to the end of the
+             hour of its deadline: its log is missing (or all of it was down). Its pairs of that
+             window are in an input gap: ``unverified``, not ``lost``. Checked once the deadline
+             has passed.
              Producer-side metrics of a window row count the messages of its pairs, so a fanout
              message counts once in each group's row; ``totals`` count every message once.
 delivery     a consumer-log line of that group for that message with ``ts < window end + grace``
@@ -115,6 +138,7 @@ CONTRIBUTION_TYPE = T.StructType(
         T.StructField("expected", T.BooleanType()),
         T.StructField("orphan_consumer", T.StringType()),
         T.StructField("orphan_ts", T.LongType()),
+        T.StructField("unbound", T.BooleanType()),
     ]
 )
 
@@ -158,27 +182,27 @@ def keyed_producer_lines(producer_lines: DataFrame, day_start_ms: int) -> DataFr
     )
 
 
-def grouped_consumer_lines(consumer_lines: DataFrame, bound_groups: DataFrame) -> DataFrame:
+def grouped_consumer_lines(consumer_lines: DataFrame, bit_groups: DataFrame) -> DataFrame:
     """Valid consumer lines as the exact path's ``pair_contributions`` reads them: the group's
     hash and bit, and ``line``. The group travels as its hash only (``audit_frames`` puts the
-    names back on the rollup). ``bound_groups``: (consumer_group, bit)."""
+    names back on the rollup). ``bit_groups``: (consumer_group, bit)."""
     line = F.struct(
         "consumer",
         "ts",
         F.coalesce("redelivered", F.lit(False)).alias("redelivered"),
         F.col("outcome").isin(*CONSUMED_OUTCOMES).alias("consuming"),
     )
-    return consumer_lines.join(F.broadcast(bound_groups), on="consumer_group", how="left").select(
+    return consumer_lines.join(F.broadcast(bit_groups), on="consumer_group", how="left").select(
         "message_id", group_hash().alias("group_hash"), "bit", line.alias("line")
     )
 
 
-def message_lines(consumer_lines: DataFrame, bound_groups: DataFrame) -> DataFrame:
+def message_lines(consumer_lines: DataFrame, bit_groups: DataFrame) -> DataFrame:
     """Valid consumer lines as ``per_message`` folds them: the group's hash and bit, the line's
     ``line_ts``, whether it was ``redelivered`` and whether it was ``consuming``. (Its consumer
-    travels only on the exact path, ``grouped_consumer_lines``.) ``bound_groups``:
+    travels only on the exact path, ``grouped_consumer_lines``.) ``bit_groups``:
     (consumer_group, bit)."""
-    return consumer_lines.join(F.broadcast(bound_groups), on="consumer_group", how="left").select(
+    return consumer_lines.join(F.broadcast(bit_groups), on="consumer_group", how="left").select(
         "message_id",
         group_hash().alias("group_hash"),
         "bit",
@@ -264,12 +288,25 @@ def sql_exprs(*sql: str) -> list[Column]:
     return [F.expr(e) for e in sql]
 
 
-def with_expected(messages: DataFrame, keys: DataFrame, words: int) -> DataFrame:
-    """Adds the first attempt's expected groups as a bitmask of bound groups (``expected_0``..)."""
-    expected = [f"expected_{w}" for w in range(words)]
-    return messages.join(
-        F.broadcast(keys.select("key_hash", *expected)), on="key_hash", how="left"
-    ).fillna(0, subset=expected)
+def with_expected(messages: DataFrame, expectations: DataFrame, words: int) -> DataFrame:
+    """Adds the groups expected to receive the message when it was first published (its first
+    attempt's key and ``first_ts``) as a bitmask (``expected_0``..), and the groups a binding
+    or the configuration names for its key at any time of the day (``bound_0``..).
+
+    ``expectations``: ``LogFacts.expectations`` rows, one per key and time span: a broadcast
+    hash join on the key with the span as its condition."""
+    masks = [f"{m}_{w}" for m in ("expected", "bound") for w in range(words)]
+    spans = expectations.withColumnRenamed("key_hash", "span_key")
+    on = (
+        (F.col("key_hash") == F.col("span_key"))
+        & (F.col("first_ts") >= F.col("from_ms"))
+        & (F.col("first_ts") < F.col("until_ms"))
+    )
+    return (
+        messages.join(F.broadcast(spans), on=on, how="left")
+        .drop("span_key", "from_ms", "until_ms")
+        .fillna(0, subset=masks)
+    )
 
 
 def _contribution(
@@ -282,6 +319,7 @@ def _contribution(
     consuming_ts: str = "NULL",
     orphan_consumer: str = "NULL",
     orphan_ts: str = "NULL",
+    unbound: str = "false",
 ) -> str:
     """SQL: a ``CONTRIBUTION_TYPE`` struct from SQL expressions for its fields."""
     values = (
@@ -294,6 +332,7 @@ def _contribution(
         expected,
         orphan_consumer,
         orphan_ts,
+        unbound,
     )
     fields = ", ".join(
         f"'{f.name}', CAST({v} AS {f.dataType.simpleString()})"
@@ -321,6 +360,10 @@ class _Bits:
     def expected(self, bit: str) -> str:
         return f"coalesce(({self._word('expected', bit)} & {self.mask(bit)}) != 0, false)"
 
+    def unbound(self, bit: str) -> str:
+        """Whether no binding or configuration names the group of ``bit`` for the key."""
+        return f"coalesce(({self._word('bound', bit)} & {self.mask(bit)}) = 0, true)"
+
     def unseen(self, bit: str) -> str:
         return f"({self._word('seen', bit)} & {self.mask(bit)}) = 0"
 
@@ -345,7 +388,7 @@ def pair_contributions(
     consumers: DataFrame,
     day_start_ms: int,
     grace_ms: int,
-    bound_groups: list[str],
+    bit_groups: list[str],
 ) -> DataFrame:
     """Each consumer line joined to its message, as what it adds to its pair; plus a zero
     contribution for every expected group that logged no line (silent), and one for the null
@@ -354,13 +397,13 @@ def pair_contributions(
 
     ``messages``: ``EXACT_FACTS``, ``seen_w`` and ``expected_w`` per message (the ``exact``
     column of ``message_pairs``); ``consumers``: their ``grouped_consumer_lines``, ``by_message``.
-    ``bound_groups``: the names of the bits. The expressions are SQL text: one round trip to the
+    ``bit_groups``: the names of the bits. The expressions are SQL text: one round trip to the
     JVM each, not one per operator.
     """
     joined = messages.join(consumers.hint("shuffle_hash"), on="message_id", how="left").select(
         "*", "line.*"
     )
-    bits = _Bits(max(1, -(-len(bound_groups) // WORD_BITS)))
+    bits = _Bits(max(1, -(-len(bit_groups) // WORD_BITS)))
     day_end_ms = day_start_ms + 24 * HOUR_MS
     orphan = "first_ts IS NULL"
     on_time = f"(NOT {orphan} AND ts IS NOT NULL AND ts < window_ms + {HOUR_MS + grace_ms})"
@@ -375,13 +418,14 @@ def pair_contributions(
         consuming_ts=f"CASE WHEN {on_time} AND consuming THEN ts END",
         orphan_consumer=f"CASE WHEN {orphan} THEN consumer END",
         orphan_ts=f"CASE WHEN {orphan} THEN ts END",
+        unbound=f"NOT {orphan} AND {bits.unbound('bit')}",
     )
     none = f"CAST(array() AS {T.ArrayType(CONTRIBUTION_TYPE).simpleString()})"
     silent = none
-    if bound_groups:
-        names = sql_literal(bound_groups, "array<string>")
+    if bit_groups:
+        names = sql_literal(bit_groups, "array<string>")
         silent_bits = (
-            f"filter(sequence(0, {len(bound_groups) - 1}), "
+            f"filter(sequence(0, {len(bit_groups) - 1}), "
             f"i -> {bits.expected('i')} AND {bits.unseen('i')})"
         )
         one = _contribution(
@@ -429,12 +473,13 @@ PAIR_FIELDS = (
     ("first_consumed_ts", "bigint"),
     ("last_consumed_ts", "bigint"),
     ("lines", "bigint"),
+    ("unbound", "boolean"),
 )
 
 
 def exact_facts(messages: DataFrame) -> list[str]:
     """The columns of ``messages`` that ``pair_contributions`` reads."""
-    bits = [c for c in messages.columns if c.startswith(("seen_", "expected_"))]
+    bits = [c for c in messages.columns if c.startswith(("seen_", "expected_", "bound_"))]
     return [*EXACT_FACTS, *bits]
 
 
@@ -448,7 +493,7 @@ def _pair(**values: str) -> str:
 
 
 def message_pairs(
-    messages: DataFrame, day_start_ms: int, grace_ms: int, bound_groups: list[str]
+    messages: DataFrame, day_start_ms: int, grace_ms: int, bit_groups: list[str]
 ) -> DataFrame:
     """``pairs`` straight from ``per_message``, for the messages it folded exactly: logged by a
     producer, with lines from one group only, all of them on time or all late. Each of the
@@ -457,7 +502,7 @@ def message_pairs(
     (``EXACT_FACTS``, ``seen_w``, ``expected_w``) and null pair fields; the rows of the others
     have a null ``exact``.
 
-    ``messages``: ``with_expected(per_message(...))``; ``bound_groups``: the names of the bits.
+    ``messages``: ``with_expected(per_message(...))``; ``bit_groups``: the names of the bits.
     """
     words = len([c for c in messages.columns if c.startswith("expected_")])
     bits = _Bits(words)
@@ -482,13 +527,14 @@ def message_pairs(
         first_consumed_ts=f"CASE WHEN {on_time} THEN first_consumed_ts END",
         last_consumed_ts=f"CASE WHEN {on_time} THEN last_consumed_ts END",
         lines="line_count",
+        unbound=bits.unbound("bit"),
     )
     empty = f"CAST(array() AS array<struct<{', '.join(f'{n}:{t}' for n, t in PAIR_FIELDS)}>>)"
     silent = empty
-    if bound_groups:
-        names = sql_literal(bound_groups, "array<string>")
+    if bit_groups:
+        names = sql_literal(bit_groups, "array<string>")
         silent_bits = (
-            f"filter(sequence(0, {len(bound_groups) - 1}), "
+            f"filter(sequence(0, {len(bit_groups) - 1}), "
             f"i -> {bits.expected('i')} AND {bits.unseen('i')})"
         )
         # As many lines as the exact path's join rows: the message's lines, or its one row.
@@ -500,6 +546,7 @@ def message_pairs(
             redelivered="0",
             late_deliveries="0",
             lines="greatest(line_count, 1)",
+            unbound="false",
         )
         silent = f"transform({silent_bits}, i -> {one})"
     nobody = _pair(
@@ -509,6 +556,7 @@ def message_pairs(
         redelivered="0",
         late_deliveries="0",
         lines="1",
+        unbound="false",
     )
     exact = "named_struct(" + ", ".join(f"'{c}', {c}" for c in exact_facts(messages)) + ")"
     pairs_sql = (
@@ -553,6 +601,7 @@ def pairs(contributions: DataFrame) -> DataFrame:
         F.min("consuming_ts").alias("first_consumed_ts"),
         F.max("consuming_ts").alias("last_consumed_ts"),
         F.count(F.lit(1)).alias("lines"),
+        F.max("unbound").alias("unbound"),
     )
 
 
@@ -644,6 +693,8 @@ def classify_pairs(pairs: DataFrame, carry: tuple[str, ...] = ()) -> DataFrame:
             & (F.col("last_consumed_ts") >= first_dead_letter["collected_ms"])
         ).alias("recovered"),
         (F.col("expected") & confirmed & ~consumed & ~F.col("covered")).alias("unaccounted"),
+        (F.col("primary") & ~F.col("expected") & confirmed).alias("unclaimed"),
+        F.coalesce("unbound", F.lit(False)).alias("unbound"),
         by_broker.alias("dup_broker_redelivery"),
         by_retry.alias("dup_producer_retry"),
         (unflagged - by_retry).alias("dup_consumer_reprocessing"),

@@ -196,10 +196,22 @@ def test_it_reports_a_confirmed_message_nobody_consumed_as_lost_with_evidence(sp
     assert_df_equality(
         out["lost"],
         spark.createDataFrame(
-            [(window_start(10), "orders", "order.created", "billing", "m1", 1, "lost", None)],
+            [
+                (
+                    window_start(10),
+                    "orders",
+                    "order.created",
+                    "billing",
+                    "m1",
+                    1,
+                    "lost",
+                    None,
+                    "bound",
+                )
+            ],
             "window_start timestamp, exchange string, routing_key string, "
             "consumer_group string, message_id string, attempts int, verdict string, "
-            "store_id long",
+            "store_id long, expected_by string",
         ),
         ignore_row_order=True,
         ignore_nullable=True,
@@ -226,7 +238,12 @@ def test_it_holds_each_fanout_group_to_account_and_counts_a_message_once(spark, 
     ]
     totals, out = audit(
         producers=[publish("m1", at(10))],
-        consumers=[consume("m1", at(10, 0, 1), group="billing")],
+        consumers=[
+            consume("m1", at(10, 0, 1), group="billing"),
+            # audit's consumer is alive (a group that writes no line is a missing log, not
+            # a loss: test_it_calls_a_bound_group_without_any_line_unverified) but never acks.
+            consume("m1", at(10, 0, 2), group="audit", outcome="requeue"),
+        ],
         bindings=bindings,
     )
     expected = {"distinct_published": 1, "delivered_unique": 1, "lost": 1}
@@ -261,7 +278,12 @@ def test_it_counts_malformed_lines_without_failing(spark, tmp_path):
         )
         + "\n"
     )
-    (tmp_path / "consumer").mkdir()
+    # billing's consumer is alive (it requeued m1) but never acked it: m1 is lost.
+    consumer_hour = tmp_path / "consumer" / "dt=2026-03-01" / "hour=10"
+    consumer_hour.mkdir(parents=True)
+    (consumer_hour / "c1.jsonl").write_text(
+        json.dumps(consume("m1", at(10, 0, 1), outcome="requeue")) + "\n"
+    )
     out = run_audit(
         spark,
         "2026-03-01",
@@ -298,6 +320,8 @@ def test_it_keeps_a_window_provisional_until_its_grace_has_passed(spark, audit):
     # now = 11:30, grace 60: the 09:00 window (deadline 11:00) is FINAL, 10:00 (12:00) is not.
     totals, out = audit(
         producers=[publish("old", at(9, 10)), publish("new", at(10, 10))],
+        # billing's consumer is alive (it requeued "old") but never acked it.
+        consumers=[consume("old", at(9, 10, 1), outcome="requeue")],
         now=DAY.replace(hour=11, minute=30),
     )
     rows = out["windows"].where(F.col("exchange").isNotNull())
