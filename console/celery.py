@@ -44,6 +44,12 @@ def stall_sweep_seconds():
     return settings.REPLAY_STALL_SWEEP_SECONDS
 
 
+def bindings_poll_seconds():
+    from django.conf import settings
+
+    return float(settings.AUDIT_BINDINGS_POLL_SECONDS)
+
+
 def search_index_seconds():
     from django.conf import settings
 
@@ -53,6 +59,12 @@ def search_index_seconds():
 app.conf.beat_schedule = {
     "retention": {"task": "recovery.tasks.apply_retention", "schedule": crontab(minute=17)},
     "nightly-audit": {"task": "recovery.audit_tasks.nightly_audit", "schedule": nightly_at()},
+    # Who is bound to what, and since when: the audit's expected consumer groups.
+    "record-bindings": {
+        "task": "recovery.audit_tasks.record_bindings",
+        "schedule": bindings_poll_seconds(),
+        "options": {"expires": bindings_poll_seconds()},
+    },
     # Give-ups producers parked in the outbox while the broker was unreachable.
     "forward-client-outbox": {
         "task": "recovery.outbox_tasks.forward_client_outbox",

@@ -324,6 +324,7 @@ class EvidenceFilterForm(forms.Form):
         ("duplicate", "duplicate"),
         ("orphan", "orphan"),
         ("unverified", "unverified"),
+        ("unclaimed", "unclaimed"),
         ("pending", "pending"),
     ]
     kind = forms.CharField(required=False, max_length=32, widget=forms.Select(choices=KINDS))

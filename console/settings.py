@@ -256,6 +256,7 @@ SPECTACULAR_SETTINGS = {
         "MessageStatusEnum": "recovery.models.Status",
         "AuditRunStatusEnum": "recovery.api.audits.AuditRunState",
         "FinalityEnum": "recovery.api.audits.FINALITY",
+        "AuditOutcomeEnum": "recovery.api.audits.AUDIT_OUTCOMES",
         "ReplayJobStateEnum": "recovery.api.replay_jobs.ReplayJobState",
     },
 }
@@ -356,9 +357,12 @@ SPARK_DRIVER_MEMORY = env_str("SPARK_DRIVER_MEMORY", "2g")
 # Spark's default of 200 shuffle partitions is for clusters; a nightly slice on local[*] wants few.
 SPARK_SHUFFLE_PARTITIONS = env_int("SPARK_SHUFFLE_PARTITIONS", 8, minimum=1)
 AUDIT_TIMEOUT_SECONDS = env_int("AUDIT_TIMEOUT_SECONDS", 3 * 3600, minimum=1)
-# Which consumer groups expect which exchange/routing key: a JSON file, or (empty) a snapshot of
-# the broker's bindings taken by the management API when the audit runs (one queue = one group).
+# Which consumer groups expect which exchange/routing key: a JSON file (it replaces the broker),
+# or (empty) the bindings history beat records from the management API (one queue = one group).
 AUDIT_BINDINGS = os.environ.get("AUDIT_BINDINGS", "")
+# How often beat polls the bindings history: a binding created or removed between two polls is
+# known to within this; a pause of three intervals is a gap the audit reports.
+AUDIT_BINDINGS_POLL_SECONDS = env_int("AUDIT_BINDINGS_POLL_SECONDS", 60, minimum=5)
 AUDIT_GRACE_MINUTES = env_int("AUDIT_GRACE_MINUTES", 60, minimum=0)
 AUDIT_SLA_MS = env_int("AUDIT_SLA_MS", 5000, minimum=1)
 # The nightly audit of yesterday (UTC) runs at this time (Celery beat).

@@ -15,12 +15,35 @@ RUNS_PER_PAGE = 50
 EVIDENCE_PER_PAGE = 200
 # The totals the run list shows; the report shows all of them.
 HEADLINE = ("distinct_published", "lost", "dup_msgs", "dead_lettered", "recovered")
+# What each warning means to an operator (codes: recovery.models.WARNING_METRICS and
+# recovery.audit.bindings.bindings_for_day); the count follows the text.
+WARNING_TEXT = {
+    "unclaimed": "confirmed messages no consumer group was expected to receive (no binding, "
+    "no configuration, no consumer seen): nobody can say whether they arrived",
+    "unbound_consumption": "deliveries to groups no binding names for that routing key "
+    "(they are held to what they consumed: expected by observation)",
+    "missing_consumer_logs": "windows × groups where a group expected to receive messages "
+    "wrote no log line at all: its messages are unverified, not lost",
+    "unverified": "messages not accounted for in windows with an input gap: neither lost nor fine",
+    "input_gaps": "hours with a missing log file from a process that logged before and after",
+    "malformed_lines": "log lines that could not be read",
+    "orphan_consumptions": "consumptions of messages no producer log has: a producer log is "
+    "missing",
+    "no_bindings": "no bindings known and none configured: only what the consumer logs show "
+    "could be expected",
+    "bindings_snapshot_only": "vhosts without a bindings history: today's bindings stood in "
+    "for the whole day",
+    "bindings_history_gap": "minutes of the day the bindings history did not see (beat or the "
+    "broker was down)",
+}
 WINDOW_COLUMNS = (
     "distinct_published",
     "delivered_unique",
     "dead_lettered",
     "recovered",
     "lost",
+    "unverified",
+    "unclaimed",
     "pending",
     "dup_msgs",
     "orphan_consumptions",
@@ -111,6 +134,9 @@ def audit_detail(request, pk):
     ]
     ctx = {
         "run": run,
+        "warnings": [
+            {**w, "text": WARNING_TEXT.get(w["code"], w["code"])} for w in run.warnings or []
+        ],
         "rows": rows,
         "columns": WINDOW_COLUMNS,
         "charts": hourly_charts(windows),

@@ -42,11 +42,15 @@ COUNT_METRICS = (
     "clock_skew",
     "malformed_lines",
     "input_gaps",
+    "unclaimed",
+    "unbound_consumption",
+    "missing_consumer_logs",
 )
 LATENCY_METRICS = ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms", "latency_max_ms")
 RATIO_METRICS = ("loss_ppm", "within_sla_share")
 FINAL_ONLY = ("lost", "unverified", "loss_ppm")
 FINALITY = ("PROVISIONAL", "FINAL")
+AUDIT_OUTCOMES = ("running", "succeeded", "succeeded_with_warnings", "failed")
 # Named for SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"] (several models have a "status").
 AuditRunState = AuditRun.State
 METRICS = (*COUNT_METRICS, "loss_ppm", *LATENCY_METRICS, "within_sla_share")
@@ -85,6 +89,15 @@ class MetricsField(serializers.JSONField):
     pass
 
 
+class WarningSerializer(serializers.Serializer):
+    code = serializers.CharField(
+        help_text="unclaimed | unbound_consumption | missing_consumer_logs | unverified | "
+        "input_gaps | malformed_lines | orphan_consumptions (the metric of that name); for a "
+        "run also no_bindings | bindings_snapshot_only | bindings_history_gap (docs/audit.md)"
+    )
+    count = serializers.IntegerField()
+
+
 @extend_schema_field(TOTALS_SCHEMA)
 class TotalsField(serializers.JSONField):
     pass
@@ -93,10 +106,21 @@ class TotalsField(serializers.JSONField):
 class AuditWindowSerializer(serializers.ModelSerializer):
     status = serializers.ChoiceField(choices=FINALITY)
     metrics = MetricsField()
+    warnings = WarningSerializer(
+        many=True, read_only=True, help_text="What the audit could not decide in this window."
+    )
 
     class Meta:
         model = AuditWindow
-        fields = ["window_start", "exchange", "consumer_group", "status", "in_gap", "metrics"]
+        fields = [
+            "window_start",
+            "exchange",
+            "consumer_group",
+            "status",
+            "in_gap",
+            "metrics",
+            "warnings",
+        ]
         read_only_fields = fields
 
 
@@ -110,6 +134,17 @@ class AuditInputGapSerializer(serializers.ModelSerializer):
 class AuditRunSerializer(serializers.ModelSerializer):
     finality = serializers.ChoiceField(choices=FINALITY)
     totals = TotalsField()
+    warnings = WarningSerializer(
+        many=True,
+        read_only=True,
+        help_text="What the run could not decide; empty only when it could decide everything.",
+    )
+    outcome = serializers.ChoiceField(
+        choices=AUDIT_OUTCOMES,
+        read_only=True,
+        help_text="status, except that a succeeded run with warnings is "
+        "succeeded_with_warnings: never present it as a plain success.",
+    )
 
     class Meta:
         model = AuditRun
@@ -118,6 +153,8 @@ class AuditRunSerializer(serializers.ModelSerializer):
             "date",
             "revision",
             "status",
+            "outcome",
+            "warnings",
             "finality",
             "error",
             "started_at",
@@ -147,7 +184,7 @@ class AuditRunDetailSerializer(AuditRunSerializer):
         read_only_fields = fields
 
     def get_evidence_counts(self, run) -> dict[str, int]:
-        """{kind: rows} of the run's evidence (lost, unverified, duplicate, orphan)."""
+        """{kind: rows} of the run's evidence (lost, unverified, duplicate, orphan, unclaimed)."""
         return dict(run.evidence.order_by().values_list("kind").annotate(n=Count("id")))
 
 
@@ -220,7 +257,7 @@ class AuditRunDetail(generics.RetrieveAPIView):
     queryset = AuditRun.objects.prefetch_related("windows", "input_gaps")
 
 
-EVIDENCE_KINDS = ["lost", "unverified", "duplicate", "orphan", "pending"]
+EVIDENCE_KINDS = ["lost", "unverified", "duplicate", "orphan", "unclaimed", "pending"]
 
 
 class EvidenceFilterParams(serializers.Serializer):

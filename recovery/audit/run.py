@@ -1,7 +1,8 @@
 """The Django side of the nightly audit: export the store slice, run the Spark job, load results.
 
 export_store()        psycopg COPY of the store slice -> one Parquet file (no JDBC jar)
-bindings_snapshot()   which consumer groups expect which exchange/routing key
+bindings_for_day()    which consumer groups expect which exchange/routing key, and when
+                      (recovery/audit/bindings.py: the bindings history)
 run_spark()           spark-submit spark/audit.py with SPARK_MASTER, in a child process, so the
                       JVM never lives inside a web or Celery process
 load_results()        windows/totals/gaps from the driver's small outputs; evidence Parquet
@@ -17,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import psycopg
@@ -27,10 +29,10 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from recovery.broker.management import Management
+from recovery.audit.bindings import bindings_for_day
 from recovery.db import database_conninfo
 from recovery.errors import AuditError
-from recovery.models import AuditInputGap, AuditRun, AuditWindow
+from recovery.models import AuditInputGap, AuditRun, AuditWindow, metric_warnings
 
 log = logging.getLogger(__name__)
 
@@ -105,43 +107,6 @@ def _table(rows):
         ],
         schema=STORE_EXPORT_COLUMNS,
     )
-
-
-def bindings_snapshot(vhosts=None, management=None):
-    """Bindings from the broker's management API: each bound queue is a consumer group.
-
-    RabbitMQ does not know consumer groups; Lazarus assumes one queue per group (the usual
-    RabbitMQ shape) and names the group after the queue. When consumer logs name a different
-    group for a queue, the audit maps it through the logs' queue/group pairs (spark/transforms.py).
-    Set AUDIT_BINDINGS to a JSON file to use a hand-written snapshot instead.
-    """
-    if settings.AUDIT_BINDINGS:
-        with open(settings.AUDIT_BINDINGS, encoding="utf-8") as fh:
-            return json.load(fh)
-    management = management or Management()
-    snapshot = []
-    for vhost in vhosts or settings.RECOVERY_VHOSTS:
-        types = {
-            e["name"]: e["type"]
-            for e in management.request("GET", f"/exchanges/{management.quote(vhost)}")
-        }
-        for binding in management.bindings(vhost):
-            exchange = binding.get("source", "")
-            if not exchange or binding.get("destination_type") != "queue":
-                continue
-            if exchange.startswith("recovery.") or exchange == settings.RECOVERY_DLX:
-                continue
-            kind = types.get(exchange, "topic")
-            pattern = binding.get("routing_key", "") if kind in ("topic", "direct") else "#"
-            snapshot.append(
-                {
-                    "exchange": exchange,
-                    "routing_key": pattern,
-                    "consumer_group": binding["destination"],
-                    "queue": binding["destination"],
-                }
-            )
-    return snapshot
 
 
 def spark_submit():
@@ -278,6 +243,19 @@ def load_results(run, out_dir, conninfo=None):
         AuditWindow.objects.bulk_create(windows, batch_size=1000)
         AuditInputGap.objects.bulk_create(gaps, batch_size=1000)
         run.totals = {k: _json_safe(v) for k, v in totals.items()}
+        # Where the expectations came from (set before the job ran), then what it could not
+        # decide; the observed expectations are kept with the settings the run used.
+        run.warnings = [*run.warnings, *metric_warnings(run.totals)]
+        expectations = _read(out, "expectations")
+        run.config = {
+            **run.config,
+            "expected_by": dict(Counter(e["source"] for e in expectations)),
+            "observed": [
+                {k: _json_safe(v) for k, v in e.items() if k != "source"}
+                for e in expectations
+                if e["source"] == "observed"
+            ][:1000],
+        }
         run.finality = totals.get("status") or (
             "FINAL" if windows and all(w.status == "FINAL" for w in windows) else "PROVISIONAL"
         )
@@ -290,14 +268,16 @@ def load_results(run, out_dir, conninfo=None):
                 if k in totals
             },
         }
-        run.save(update_fields=["totals", "finality", "manifest"])
+        run.save(update_fields=["totals", "warnings", "config", "finality", "manifest"])
     copy_evidence(run, out, conninfo)
 
 
 def _evidence_rows(run_id, name, rows):
     for row in rows:
         if name == "lost":
-            kind, cause, count = row.get("verdict") or "lost", "", 1
+            kind, cause, count = row.get("verdict") or "lost", row.get("expected_by") or "", 1
+        elif name == "unclaimed":
+            kind, cause, count = "unclaimed", (row.get("routing_key") or "")[:64], 1
         elif name == "duplicates":
             kind, cause, count = "duplicate", row.get("cause") or "", row.get("extra_deliveries")
         else:
@@ -318,7 +298,7 @@ def _evidence_rows(run_id, name, rows):
 def copy_evidence(run, out_dir, conninfo=None):
     """COPY each evidence Parquet file (one Spark partition each) into recovery_auditevidence."""
     with psycopg.connect(conninfo or database_conninfo("lazarus-audit")) as conn:
-        for name in ("lost", "duplicates", "orphans"):
+        for name in ("lost", "duplicates", "orphans", "unclaimed"):
             folder = Path(out_dir) / name
             for part in sorted(folder.glob("*.parquet")) if folder.exists() else []:
                 rows = pq.read_table(part).to_pylist()
@@ -372,11 +352,12 @@ def run_audit(
     try:
         store_path = workdir / "store.parquet"
         store_rows = export_store(day, grace, store_path)
-        snapshot = bindings if bindings is not None else bindings_snapshot()
+        if bindings is None:
+            bindings, run.warnings = bindings_for_day(day, grace)
         bindings_path = workdir / "bindings.json"
-        bindings_path.write_text(json.dumps(snapshot))
-        run.config = {**run.config, "bindings": snapshot, "store_rows": store_rows}
-        run.save(update_fields=["config"])
+        bindings_path.write_text(json.dumps(bindings))
+        run.config = {**run.config, "bindings": bindings, "store_rows": store_rows}
+        run.save(update_fields=["config", "warnings"])
         out_dir = workdir / "out"
         run_spark(
             day,

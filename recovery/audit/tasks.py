@@ -16,3 +16,11 @@ def nightly_audit(date=None):
         else datetime.datetime.now(datetime.UTC).date() - datetime.timedelta(days=1)
     )
     return run_audit(day).pk
+
+
+@shared_task(name="recovery.audit_tasks.record_bindings")
+def record_bindings():
+    """Poll the bindings history (recovery/audit/bindings.py); returns what changed per vhost."""
+    from recovery.audit.bindings import record_bindings as poll
+
+    return {vhost: list(change) for vhost, change in poll().items()}

@@ -18,7 +18,16 @@ from recovery.models.access import (
     role_of,
     set_role,
 )
-from recovery.models.audit import AuditEvidence, AuditInputGap, AuditRun, AuditWindow
+from recovery.models.audit import (
+    WARNING_METRICS,
+    AuditEvidence,
+    AuditInputGap,
+    AuditRun,
+    AuditWindow,
+    BindingPeriod,
+    BindingsCoverage,
+    metric_warnings,
+)
 from recovery.models.replay import MessageEdit, ReplayAttempt, ReplayJob, ReplayJobItem
 from recovery.models.store import (
     COUNT_KEY_SQL,
@@ -55,6 +64,10 @@ __all__ = [
     "AuditInputGap",
     "AuditRun",
     "AuditWindow",
+    "BindingPeriod",
+    "BindingsCoverage",
+    "WARNING_METRICS",
+    "metric_warnings",
     "CollectorHeartbeat",
     "IdempotencyKey",
     "Kind",

@@ -1,8 +1,31 @@
-"""Nightly audit results: runs (with revisions), windows, evidence ids, input gaps."""
+"""Nightly audit results: runs (with revisions), windows, evidence ids, input gaps; and the
+bindings history the audit reads to know who was expected to receive what, and when."""
 
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
+
+# The metrics that say the audit could not decide something (spark/metrics.py WARNING_METRICS,
+# which recovery/ may not import; tests/spark holds the two equal). A run or window counting any
+# of them is never presented as a plain success.
+WARNING_METRICS = (
+    "unclaimed",
+    "unbound_consumption",
+    "missing_consumer_logs",
+    "unverified",
+    "input_gaps",
+    "malformed_lines",
+    "orphan_consumptions",
+)
+
+
+def metric_warnings(metrics: dict) -> list[dict]:
+    """``[{code, count}]`` of the ``WARNING_METRICS`` a totals or window dict counts."""
+    return [
+        {"code": m, "count": metrics[m]}
+        for m in WARNING_METRICS
+        if isinstance(metrics.get(m), int) and metrics[m] > 0
+    ]
 
 
 class AuditRun(models.Model):
@@ -27,6 +50,9 @@ class AuditRun(models.Model):
     code_version = models.CharField(max_length=64, blank=True, default="")
     # One number per metric (DESIGN.md "Audit metrics"), named exactly as there.
     totals = models.JSONField(default=dict, blank=True)
+    # [{code, count}]: what the run could not decide (its warning metrics, and where its
+    # expectations came from: no bindings, a snapshot instead of the history, a history gap).
+    warnings = models.JSONField(default=list, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
     )
@@ -39,6 +65,13 @@ class AuditRun(models.Model):
 
     def __str__(self):
         return f"audit {self.date} r{self.revision} ({self.status})"
+
+    @property
+    def outcome(self) -> str:
+        """What the console and the API show: a succeeded run with warnings is not a success."""
+        if self.status == self.State.SUCCEEDED and self.warnings:
+            return "succeeded_with_warnings"
+        return self.status
 
 
 class AuditWindow(models.Model):
@@ -56,16 +89,23 @@ class AuditWindow(models.Model):
         ordering = ["window_start", "exchange", "consumer_group"]
         indexes = [models.Index(fields=["run", "window_start"], name="audit_window_run_start")]
 
+    @property
+    def warnings(self) -> list[dict]:
+        return metric_warnings(self.metrics)
+
 
 class AuditEvidence(models.Model):
     """The ids behind the numbers: lost, duplicated, orphaned, unverified messages."""
 
     run = models.ForeignKey(AuditRun, on_delete=models.CASCADE, related_name="evidence")
-    kind = models.CharField(max_length=32)  # lost | duplicate | orphan | unverified | pending
+    # lost | unverified | duplicate | orphan | unclaimed
+    kind = models.CharField(max_length=32)
     window_start = models.DateTimeField(null=True, blank=True)
     exchange = models.CharField(max_length=255, blank=True, default="")
     consumer_group = models.CharField(max_length=255, blank=True, default="")
     message_id = models.CharField(max_length=255)
+    # duplicate: its cause; orphan: the consumer; lost/unverified: where the group's expectation
+    # came from (configured | bound | observed); unclaimed: the routing key.
     cause = models.CharField(max_length=64, blank=True, default="")
     count = models.IntegerField(default=1)
     # The store row with this message_id, when there is one (a plain id: retention may delete it).
@@ -80,7 +120,9 @@ class AuditEvidence(models.Model):
 
 
 class AuditInputGap(models.Model):
-    """An hour with no log file from a process that was logging the hour before."""
+    """An hour with no log file from a process that was logging the hour before; or (process
+    empty) a window in which no consumer of a group expected to receive its messages wrote a
+    line (its log is missing)."""
 
     run = models.ForeignKey(AuditRun, on_delete=models.CASCADE, related_name="input_gaps")
     hour = models.DateTimeField()
@@ -90,3 +132,38 @@ class AuditInputGap(models.Model):
 
     class Meta:
         ordering = ["hour", "side", "process"]
+
+
+class BindingPeriod(models.Model):
+    """A binding of a watched vhost as the bindings history saw it (``recovery.audit.bindings``):
+    from the poll that first saw it (null: it was there when the history began) to the last poll
+    that saw it (null: it still is). Only changes are written."""
+
+    vhost = models.CharField(max_length=255)
+    exchange = models.CharField(max_length=255)
+    # The topic pattern the audit matches ("#" for fanout and headers exchanges).
+    routing_key = models.CharField(max_length=255)
+    queue = models.CharField(max_length=255)  # the consumer group (one queue per group)
+    first_seen = models.DateTimeField(null=True, blank=True)
+    last_seen = models.DateTimeField(null=True, blank=True)
+    gone_at = models.DateTimeField(null=True, blank=True)  # the poll that found it missing
+
+    class Meta:
+        ordering = ["vhost", "exchange", "routing_key", "queue", "first_seen"]
+        indexes = [models.Index(fields=["vhost", "gone_at"], name="binding_period_open")]
+
+    def __str__(self):
+        return f"{self.vhost}:{self.exchange}/{self.routing_key} -> {self.queue}"
+
+
+class BindingsCoverage(models.Model):
+    """A stretch of time the bindings history covers for a vhost: polls with no pause longer
+    than ``BINDINGS_STALE_POLLS`` intervals. Outside them the audit says it could not see."""
+
+    vhost = models.CharField(max_length=255)
+    started_at = models.DateTimeField()
+    polled_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["vhost", "started_at"]
+        indexes = [models.Index(fields=["vhost", "polled_at"], name="bindings_coverage_last")]

@@ -3,8 +3,9 @@
 Every queue dead-letters to the recovery DLX (``x-dead-letter-exchange`` argument, so no policy is
 needed) and every exchange sends what it cannot route to the recovery alternate exchange. Each
 queue is its own consumer group and the group is named after the queue: that is what
-``recovery.audit.run.bindings_snapshot`` assumes when it reads bindings from the management API, so
-a nightly audit of ``make run`` traffic agrees with the simulator without a hand-written snapshot.
+``recovery.audit.bindings.broker_bindings`` assumes when it reads bindings from the management
+API, so a nightly audit of ``make run`` traffic agrees with the simulator without a hand-written
+snapshot.
 
     <p>.direct  (direct)  payment -> <p>.payments          consumed
                           slow    -> <p>.expiring          no consumer; x-message-ttl (expired)
@@ -111,7 +112,7 @@ class DemoTopology:
         )
 
     def bindings(self):
-        """The bindings snapshot the audit reads (``bindings_snapshot``'s shape)."""
+        """The bindings snapshot the audit reads (``broker_bindings``'s shape)."""
         return [
             {
                 "exchange": queue.exchange,

@@ -177,3 +177,50 @@ def test_the_store_export_is_the_contract_spark_reads(tmp_path):
     assert export_store(DAY, datetime.timedelta(hours=1), path) == 1
     [row] = pq.read_table(path).to_pylist()
     assert row["routing_key"] == "x.y" and row["message_id"] is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_exchange_the_broker_does_not_know_is_audited_from_what_its_consumers_did(
+    tmp_path, wired
+):
+    """Issue #16's report: a day of "payments", an exchange with no binding on the broker
+    Lazarus watches, one group consuming all but 3. Not a quiet success: the 3 are lost (expected
+    by observation), and the run says what it could not see."""
+    from recovery.audit.run import run_audit
+
+    sent = [
+        {**produced(f"p{i}", dt=i * 1000), "exchange": "payments", "routing_key": "settled"}
+        for i in range(60)
+    ]
+    missed = {"p7", "p30", "p31"}
+    write_log(tmp_path, "producer", 10, "payments-api", sent)
+    write_log(
+        tmp_path,
+        "consumer",
+        10,
+        "ledger-1",
+        [
+            {**consumed(p["message_id"], dt=i * 1000 + 40), "consumer_group": "ledger"}
+            for i, p in enumerate(sent)
+            if p["message_id"] not in missed
+        ],
+    )
+    run = run_audit(
+        DAY,
+        producer_logs=str(tmp_path / "producer"),
+        consumer_logs=str(tmp_path / "consumer"),
+        now=datetime.datetime(2026, 11, 22, tzinfo=datetime.UTC),
+        master="local[1]",
+    )
+    assert run.status == "succeeded", run.error
+    assert run.outcome == "succeeded_with_warnings"
+    codes = {w["code"]: w["count"] for w in run.warnings}
+    # The test vhost has no application bindings at all: that too is said.
+    assert codes == {"bindings_snapshot_only": 1, "no_bindings": 1, "unbound_consumption": 57}
+    assert (run.totals["lost"], run.totals["expected_confirmed"]) == (3, 60)
+    lost = AuditEvidence.objects.filter(run=run, kind="lost")
+    assert sorted((e.message_id, e.consumer_group, e.cause) for e in lost) == [
+        (m, "ledger", "observed") for m in sorted(missed)
+    ]
+    assert run.config["expected_by"] == {"observed": 1}
+    assert run.config["observed"][0]["consumer_group"] == "ledger"

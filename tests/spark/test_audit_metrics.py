@@ -384,3 +384,10 @@ def test_the_loader_reads_the_window_keys_the_job_writes():
     from spark.metrics import WINDOW_KEYS as written
 
     assert loaded == written
+
+
+def test_the_console_warns_on_the_metrics_the_job_calls_warnings():
+    from recovery.models import WARNING_METRICS as shown
+    from spark.metrics import WARNING_METRICS as written
+
+    assert shown == written
