@@ -38,6 +38,9 @@ class DemoQueue:
     # Handler failures before the consumer rejects to the DLX. The retries queue lets the broker's
     # delivery limit win instead, so its poison messages die with reason ``delivery_limit``.
     max_attempts: int = 1
+    # Bound only halfway through the first round (``--late-binding``): a binding that changes
+    # during the day, which the audit must follow (messages before it are not its loss).
+    late: bool = False
 
     @property
     def group(self):
@@ -50,6 +53,7 @@ class DemoTopology:
     ttl_ms: int = 1000  # x-message-ttl of the expiring and capped queues
     capped_length: int = 2  # x-max-length of the capped queue
     delivery_limit: int = 2  # x-delivery-limit of the retries queue
+    late_binding: bool = False  # add the fanout's "latecomer" queue, bound mid-round
 
     @property
     def direct(self):
@@ -109,10 +113,15 @@ class DemoTopology:
             DemoQueue(q("order-history"), self.topic, "orders.#", {}, consumed=True),
             DemoQueue(q("billing"), self.fanout, "#", {}, consumed=True),
             DemoQueue(q("shipping"), self.fanout, "#", {}, consumed=True),
+        ) + (
+            (DemoQueue(q("latecomer"), self.fanout, "#", {}, consumed=True, late=True),)
+            if self.late_binding
+            else ()
         )
 
-    def bindings(self):
-        """The bindings snapshot the audit reads (``broker_bindings``'s shape)."""
+    def bindings(self, late=False):
+        """The bindings the audit reads (``broker_bindings``'s shape): those bound from the
+        start, or (``late``) the ones ``bind_late`` adds."""
         return [
             {
                 "exchange": queue.exchange,
@@ -121,6 +130,7 @@ class DemoTopology:
                 "queue": queue.name,
             }
             for queue in self.queues
+            if queue.late == late
         ]
 
     def declare(self, connection, dlx, unrouted):
@@ -137,8 +147,8 @@ class DemoTopology:
                     durable=True,
                     arguments={"x-dead-letter-exchange": dlx, **queue.arguments},
                 )
-                key = "" if queue.exchange == self.fanout else queue.binding_key
-                channel.queue_bind(queue.name, queue.exchange, key)
+                if not queue.late:
+                    channel.queue_bind(queue.name, queue.exchange, self.bind_key(queue))
         except pika.exceptions.ChannelClosedByBroker as exc:
             if exc.reply_code == 406:
                 raise TopologyError(
@@ -147,6 +157,20 @@ class DemoTopology:
                     ": delete it, or choose another --prefix."
                 ) from exc
             raise
+        finally:
+            if channel.is_open:
+                channel.close()
+
+    def bind_key(self, queue):
+        return "" if queue.exchange == self.fanout else queue.binding_key
+
+    def bind_late(self, connection):
+        """Bind the late queues; returns when the broker has confirmed (queue.bind-ok)."""
+        channel = connection.channel()
+        try:
+            for queue in self.queues:
+                if queue.late:
+                    channel.queue_bind(queue.name, queue.exchange, self.bind_key(queue))
         finally:
             if channel.is_open:
                 channel.close()
@@ -169,11 +193,16 @@ def _match(words, key):
     return (head in ("*", key[0])) and _match(rest, key[1:])
 
 
-def expected_groups(bindings, exchange, routing_key):
+def expected_groups(bindings, exchange, routing_key, first_ts=None):
+    """The groups bound to (exchange, routing key) when the message was first published
+    (``first_ts``, epoch ms; a binding's ``from_ms``/``until_ms`` bound it, as in the audit)."""
     return sorted(
         {
             b["consumer_group"]
             for b in bindings
-            if b["exchange"] == exchange and topic_matches(b["routing_key"], routing_key)
+            if b["exchange"] == exchange
+            and topic_matches(b["routing_key"], routing_key)
+            and (first_ts is None or b.get("from_ms") is None or first_ts >= b["from_ms"])
+            and (first_ts is None or b.get("until_ms") is None or first_ts < b["until_ms"])
         }
     )

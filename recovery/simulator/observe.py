@@ -33,6 +33,7 @@ class Observer:
     def __init__(self):
         self._lock = threading.Lock()
         self.attempts = collections.defaultdict(list)  # message_id -> [(attempt, outcome)]
+        self.first_ts = {}  # message_id -> ts of its first logged attempt (epoch ms)
         self.deliveries = collections.defaultdict(list)  # (message_id, group) -> [(outcome, redel)]
         self.dead_letters = collections.defaultdict(list)  # message_id -> [(queue, reason)]
         self.unrouted = collections.Counter()  # message_id -> copies seen on the AE
@@ -43,9 +44,12 @@ class Observer:
     def _touch(self):
         self.last_event = time.monotonic()
 
-    def attempt(self, message_id, attempt, outcome):
+    def attempt(self, message_id, attempt, outcome, ts_ms=None):
         with self._lock:
             self.attempts[message_id].append((attempt, outcome))
+            if ts_ms is not None:
+                first = self.first_ts.get(message_id)
+                self.first_ts[message_id] = ts_ms if first is None else min(first, ts_ms)
             self._touch()
 
     def delivery(self, message_id, group, outcome, redelivered):
@@ -89,6 +93,7 @@ class Observer:
         with self._lock:
             return {
                 "attempts": {k: list(v) for k, v in self.attempts.items()},
+                "first_ts": dict(self.first_ts),
                 "deliveries": {k: list(v) for k, v in self.deliveries.items()},
                 "dead_letters": {k: list(v) for k, v in self.dead_letters.items()},
                 "unrouted": dict(self.unrouted),
@@ -108,7 +113,7 @@ class _ProducerTee:
         self._inner.attempt(
             ts_ms, message_id, exchange, routing_key, attempt, outcome, confirm_ms, size
         )
-        self._observer.attempt(message_id, attempt, outcome)
+        self._observer.attempt(message_id, attempt, outcome, ts_ms)
 
     def __getattr__(self, name):  # flush_if_due, close
         return getattr(self._inner, name)

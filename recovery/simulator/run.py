@@ -63,6 +63,7 @@ class SimulationConfig:
     outbox_dsn: str | None = None
     confirm_timeout: float = 5.0  # a publish attempt unconfirmed this long is resent
     run_id: str | None = None
+    late_binding: bool = False  # bind the fanout's "latecomer" queue halfway through round 1
 
     def __post_init__(self):
         if self.count < 1:
@@ -90,7 +91,11 @@ class Simulation:
         self.out = out or (lambda line: None)
         self.names = Names.from_settings()
         self.topology = DemoTopology(
-            config.prefix, config.ttl_ms, config.max_length, config.delivery_limit
+            config.prefix,
+            config.ttl_ms,
+            config.max_length,
+            config.delivery_limit,
+            late_binding=config.late_binding,
         )
         self.bindings = self.topology.bindings()
         self.connections = Connections(Management(), config.vhost, config.run_id)
@@ -186,7 +191,10 @@ class Simulation:
         dropper.start()
         try:
             started = time.monotonic()
+            bind_late_at = cfg.count // 2 if self._late_unbound() else None
             for message in plan:
+                if message.index == bind_late_at:
+                    self._bind_late()
                 if message.index in drops:
                     dropper.request()
                 if cfg.rate and message.fault != "overflow":
@@ -204,6 +212,23 @@ class Simulation:
             dropper.finish()  # before the publishers close: a drop is meant to hit them
             for publisher in publishers:
                 publisher.close(timeout=cfg.settle_timeout)
+
+    def _late_unbound(self):
+        bound = {b["queue"] for b in self.bindings}
+        return any(b["queue"] not in bound for b in self.topology.bindings(late=True))
+
+    def _bind_late(self):
+        """Bind the late queues; from now on (the broker has confirmed) every message published
+        reaches them, so each binding's ``from_ms`` is taken after the bind-ok."""
+        connection = self._connect("setup")
+        try:
+            self.topology.bind_late(connection)
+        finally:
+            if connection.is_open:
+                connection.close()
+        from_ms = int(time.time() * 1000)
+        self.bindings += [{**b, "from_ms": from_ms} for b in self.topology.bindings(late=True)]
+        self.out(f"bound the late queue(s) at {from_ms}")
 
     def _settle(self, plan, workers):
         """Wait until every message is accounted for and the demo queues are empty."""
@@ -298,7 +323,8 @@ def _accounted(message, seen, bindings):
         # Closing a publisher waits until each message is acked or handed to Lazarus (returned,
         # nacked, given up): nothing more will happen to it.
         return True
-    groups = expected_groups(bindings, message.exchange, message.routing_key)
+    first_ts = seen.get("first_ts", {}).get(mid)
+    groups = expected_groups(bindings, message.exchange, message.routing_key, first_ts)
     if not groups:
         return seen["unrouted"].get(mid, 0) > 0
     died_in = {queue for queue, _ in seen["dead_letters"].get(mid, [])}

@@ -109,7 +109,9 @@ def message_truth(planned, seen, bindings, queue_group):
         producer_lines=len(attempts),
         **{state: 1},
     )
-    expected = expected_groups(bindings, planned.exchange, planned.routing_key)
+    expected = expected_groups(
+        bindings, planned.exchange, planned.routing_key, seen.get("first_ts", {}).get(mid)
+    )
     handled = sorted(g for (m, g) in seen["deliveries"] if m == mid)
     entry["expected_groups"] = expected
     dead = seen["dead_letters"].get(mid, [])

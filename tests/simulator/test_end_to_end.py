@@ -61,8 +61,19 @@ def collected(truth):
 @pytest.mark.django_db(transaction=True)
 def test_the_audit_of_a_simulated_day_equals_the_simulators_truth(collector, tmp_path):
     truth, _, paths = simulate(
-        tmp_path, "--count", COUNT, "--seed", "e2e", "--drops", "3", *BUSY_FAULTS
+        tmp_path,
+        "--count",
+        COUNT,
+        "--seed",
+        "e2e",
+        "--drops",
+        "3",
+        "--late-binding",
+        *BUSY_FAULTS,
     )
+    # A queue was bound to the fanout halfway: the audit holds it to the messages after that.
+    late = [b for b in truth["bindings"] if b["queue"].endswith(".latecomer")]
+    assert len(late) == 1 and late[0]["from_ms"]
     assert truth["rounds"][0]["complete"]
     expected_ids = collected(truth)
     wait_for(

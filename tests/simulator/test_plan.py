@@ -123,3 +123,11 @@ def test_truth_counts_pairs_and_duplicates_as_the_audit_defines_them():
     other_groups = len(expected_groups(TOPOLOGY.bindings(), crash.exchange, crash.routing_key))
     reject_groups = len(expected_groups(TOPOLOGY.bindings(), reject.exchange, reject.routing_key))
     assert totals["expected_confirmed"] == 2 + other_groups + reject_groups + 1
+
+
+def test_a_late_binding_expects_only_the_messages_first_published_after_it():
+    topology = DemoTopology(late_binding=True)
+    assert "demo.latecomer" not in {b["queue"] for b in topology.bindings()}
+    bindings = topology.bindings() + [{**b, "from_ms": 5000} for b in topology.bindings(late=True)]
+    assert "demo.latecomer" not in expected_groups(bindings, "demo.fanout", "event.eu", 4999)
+    assert "demo.latecomer" in expected_groups(bindings, "demo.fanout", "event.eu", 5000)

@@ -122,6 +122,12 @@ class Command(BaseCommand):
             help="force-close the simulator's own connections (management API, this vhost, "
             "connection names lazarus-simulate/<run>/...) N times per round (1)",
         )
+        faults.add_argument(
+            "--late-binding",
+            action="store_true",
+            help="bind a queue to the fanout exchange halfway through the first round (a binding "
+            "that changes during the day: the audit must not call the earlier messages its loss)",
+        )
         faults.add_argument("--ttl-ms", type=int, default=1000, help="queue TTL in ms (1000)")
         faults.add_argument(
             "--max-length", type=int, default=2, help="x-max-length of the capped queue (2)"
@@ -216,6 +222,7 @@ class Command(BaseCommand):
                 outbox_dsn=database_conninfo("lazarus-simulate") if options["outbox"] else None,
                 confirm_timeout=options["confirm_timeout"],
                 run_id=options["run_id"],
+                late_binding=options["late_binding"],
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
