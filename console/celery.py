@@ -11,7 +11,13 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 # Each domain package keeps its tasks in its own ``tasks`` module (found when the app finalizes);
 # the counts rollup has a module of its own. Every beat entry's task must live in one of them
 # (tests/test_health_and_worker.py checks it in a fresh interpreter).
-TASK_PACKAGES = ["recovery.collector", "recovery.replay", "recovery.audit", "recovery.search"]
+TASK_PACKAGES = [
+    "recovery.collector",
+    "recovery.replay",
+    "recovery.audit",
+    "recovery.search",
+    "recovery.alerts",
+]
 app.autodiscover_tasks(TASK_PACKAGES)
 app.conf.imports = [
     *(f"{package}.tasks" for package in TASK_PACKAGES),
@@ -50,6 +56,12 @@ def bindings_poll_seconds():
     return float(settings.AUDIT_BINDINGS_POLL_SECONDS)
 
 
+def alerts_seconds(name):
+    from django.conf import settings
+
+    return float(getattr(settings, name))
+
+
 def search_index_seconds():
     from django.conf import settings
 
@@ -59,6 +71,18 @@ def search_index_seconds():
 app.conf.beat_schedule = {
     "retention": {"task": "recovery.tasks.apply_retention", "schedule": crontab(minute=17)},
     "nightly-audit": {"task": "recovery.audit_tasks.nightly_audit", "schedule": nightly_at()},
+    # Tell someone (recovery/alerts/): rules evaluated, then the outbox delivered; a tick not
+    # started within its period is dropped, the next one covers it.
+    "evaluate-alerts": {
+        "task": "recovery.alert_tasks.evaluate_alerts",
+        "schedule": alerts_seconds("ALERTS_EVALUATE_SECONDS"),
+        "options": {"expires": alerts_seconds("ALERTS_EVALUATE_SECONDS")},
+    },
+    "deliver-notifications": {
+        "task": "recovery.alert_tasks.deliver_notifications",
+        "schedule": alerts_seconds("ALERTS_DELIVER_SECONDS"),
+        "options": {"expires": alerts_seconds("ALERTS_DELIVER_SECONDS")},
+    },
     # Who is bound to what, and since when: the audit's expected consumer groups.
     "record-bindings": {
         "task": "recovery.audit_tasks.record_bindings",

@@ -254,9 +254,13 @@ SPECTACULAR_SETTINGS = {
     # Several models have a "status"; name each choice set once.
     "ENUM_NAME_OVERRIDES": {
         "MessageStatusEnum": "recovery.models.Status",
+        "MessageKindEnum": "recovery.models.Kind",
         "AuditRunStatusEnum": "recovery.api.audits.AuditRunState",
         "FinalityEnum": "recovery.api.audits.FINALITY",
         "AuditOutcomeEnum": "recovery.api.audits.AUDIT_OUTCOMES",
+        "AlertKindEnum": "recovery.api.alerts.AlertKind",
+        "ChannelKindEnum": "recovery.api.alerts.ChannelKind",
+        "UncoveredKindEnum": "recovery.api.alerts.UNCOVERED_KINDS",
         "ReplayJobStateEnum": "recovery.api.replay_jobs.ReplayJobState",
     },
 }
@@ -367,6 +371,23 @@ AUDIT_GRACE_MINUTES = env_int("AUDIT_GRACE_MINUTES", 60, minimum=0)
 AUDIT_SLA_MS = env_int("AUDIT_SLA_MS", 5000, minimum=1)
 # The nightly audit of yesterday (UTC) runs at this time (Celery beat).
 AUDIT_NIGHTLY_AT = env_str("AUDIT_NIGHTLY_AT", "02:30")
+
+# Alerts (recovery/alerts/): how often beat evaluates the rules and drains the notification
+# outbox, how often a notification is tried before it is given up, and the console's address
+# for the links in notifications.
+ALERTS_EVALUATE_SECONDS = env_int("ALERTS_EVALUATE_SECONDS", 30, minimum=5)
+ALERTS_DELIVER_SECONDS = env_int("ALERTS_DELIVER_SECONDS", 10, minimum=1)
+ALERTS_MAX_ATTEMPTS = env_int("ALERTS_MAX_ATTEMPTS", 12, minimum=1)
+ALERTS_HTTP_TIMEOUT_SECONDS = env_int("ALERTS_HTTP_TIMEOUT_SECONDS", 10, minimum=1)
+CONSOLE_BASE_URL = env_str("CONSOLE_BASE_URL", "http://127.0.0.1:8000")
+# Email notifications go through Django's SMTP backend with these.
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_TIMEOUT = 10
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "lazarus@localhost")
 
 # Celery task traffic uses the same RabbitMQ unless CELERY_BROKER_URL says otherwise.
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", RABBITMQ_URL)

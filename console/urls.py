@@ -3,7 +3,18 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from console.views import activity, audits, groups, health, jobs, message, messages, overview, users
+from console.views import (
+    activity,
+    alerts,
+    audits,
+    groups,
+    health,
+    jobs,
+    message,
+    messages,
+    overview,
+    users,
+)
 from recovery.api.errors import api_not_found
 
 urlpatterns = [
@@ -45,6 +56,12 @@ urlpatterns = [
     path("audits/", audits.audit_list, name="audits"),
     path("audits/<int:pk>/", audits.audit_detail, name="audit"),
     path("audits/<int:pk>/evidence", audits.audit_evidence, name="audit-evidence"),
+    path("alerts/", alerts.alert_list, name="alerts"),
+    path("alerts/<int:pk>/", alerts.alert_detail, name="alert"),
+    path("alerts/<int:pk>/mute", alerts.alert_mute, name="alert-mute"),
+    path("alerts/<int:pk>/delete", alerts.alert_delete, name="alert-delete"),
+    path("alerts/channels/<int:pk>/test", alerts.channel_test, name="channel-test"),
+    path("uncovered/", alerts.uncovered_list, name="uncovered"),
     path("healthz", health.healthz, name="healthz"),
     path("livez", health.livez, name="livez"),
     path("readyz", health.readyz, name="readyz"),

@@ -82,7 +82,8 @@ class Management:
         return self.request(
             "GET",
             path + "?columns=name,vhost,messages,messages_ready,"
-            "messages_unacknowledged,consumers,type,policy,arguments",
+            "messages_unacknowledged,consumers,type,policy,arguments,effective_policy_definition,"
+            "exclusive,auto_delete",
         )
 
     def bindings(self, vhost):

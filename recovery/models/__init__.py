@@ -3,7 +3,8 @@
 - store: the recovery store (Message, its counts and search documents, collector heartbeats)
 - access: roles, API tokens, idempotency keys, rate windows, the activity log
 - replay: replay attempts, bulk jobs and their items, edited versions
-- audit: nightly audit runs, windows, evidence, input gaps
+- audit: nightly audit runs, windows, evidence, input gaps; the bindings history
+- alerts: alert rules, their transitions, notification channels and the notification outbox
 """
 
 from recovery.models.access import (
@@ -18,6 +19,7 @@ from recovery.models.access import (
     role_of,
     set_role,
 )
+from recovery.models.alerts import AlertRule, AlertTransition, Notification, NotificationChannel
 from recovery.models.audit import (
     WARNING_METRICS,
     AuditEvidence,
@@ -58,6 +60,10 @@ __all__ = [
     "RESTORABLE",
     "ROLE_ORDER",
     "Activity",
+    "AlertRule",
+    "AlertTransition",
+    "Notification",
+    "NotificationChannel",
     "ApiRateWindow",
     "ApiToken",
     "AuditEvidence",

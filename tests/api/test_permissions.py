@@ -11,7 +11,7 @@ import re
 import pytest
 import yaml
 
-from recovery.models import ApiToken, Message, ReplayAttempt, ReplayJob, Role
+from recovery.models import AlertRule, ApiToken, Message, ReplayAttempt, ReplayJob, Role
 from tests.api.conftest import make_audit, make_message
 from tests.conftest import make_user
 
@@ -41,6 +41,11 @@ ENDPOINTS = [
     ("GET", "/api/v1/tokens", ADMIN, 200, None),
     ("POST", "/api/v1/tokens/{token}/revoke", ADMIN, 200, None),
     ("GET", "/api/v1/me", VIEWER, 200, None),
+    ("GET", "/api/v1/alert-rules", VIEWER, 200, None),
+    ("POST", "/api/v1/alert-rules", ADMIN, 201, {"name": "matrix", "kind": "audit"}),
+    ("GET", "/api/v1/alert-rules/{rule}", VIEWER, 200, None),
+    ("GET", "/api/v1/alert-channels", VIEWER, 200, None),
+    ("GET", "/api/v1/uncovered-queues", VIEWER, 200, None),
 ]
 PERSONAS = ["anonymous", "no-role", "viewer", "operator", "admin"]
 
@@ -69,6 +74,7 @@ def objects(wired):
         "paused_job": ReplayJob.objects.create(
             created_by=owner, filters={"queue": "matrix.q"}, state=ReplayJob.State.PAUSED
         ),
+        "rule": AlertRule.objects.create(name="matrix rule", kind="audit"),
     }
 
 
@@ -84,6 +90,7 @@ def state(objects):
         ReplayAttempt.objects.count(),
         token.revoked_at,
         sorted(ReplayJob.objects.values_list("id", "state")),
+        sorted(AlertRule.objects.values_list("id", flat=True)),
     )
 
 

@@ -1,0 +1,147 @@
+"""Alerts: the rules and their state (everyone sees them; admins change them), notification
+channels with a test button, and the queues Lazarus cannot collect from."""
+
+import datetime
+
+from django.contrib import messages as flash
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.db import transaction
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from console.access import admin_required, viewer_required
+from console.forms import AlertRuleForm, MuteForm, NotificationChannelForm
+from recovery.alerts.deliver import send_test
+from recovery.broker.coverage import uncovered_everywhere
+from recovery.models import Activity, AlertRule, NotificationChannel, has_role
+
+
+def _log(request, action, **detail):
+    Activity.objects.create(user=request.user, action=action, via="console", detail=detail)
+
+
+@login_required
+@viewer_required
+@require_http_methods(["GET", "POST"])
+def alert_list(request):
+    is_admin = has_role(request.user, "admin")
+    rule_form = AlertRuleForm(request.POST or None, prefix="rule")
+    channel_form = NotificationChannelForm(request.POST or None, prefix="channel")
+    if request.method == "POST":
+        if not is_admin:
+            _forbidden()
+        form = rule_form if "rule-name" in request.POST else channel_form
+        if form.is_valid():
+            with transaction.atomic():
+                saved = form.save()
+                _log(
+                    request,
+                    f"{'alert_rule' if form is rule_form else 'channel'}_created",
+                    id=saved.pk,
+                    name=saved.name,
+                )
+            flash.success(request, f"Created {saved.name}.")
+            return redirect("alerts")
+    rules = AlertRule.objects.prefetch_related("channels")
+    return render(
+        request,
+        "alerts/list.html",
+        {
+            "rules": rules,
+            "channels": NotificationChannel.objects.all(),
+            "rule_form": rule_form,
+            "channel_form": channel_form,
+            "is_admin": is_admin,
+            "now": timezone.now(),
+            "firing": sum(1 for r in rules if r.state == AlertRule.State.FIRING),
+        },
+    )
+
+
+def _forbidden():
+    raise PermissionDenied("requires the admin role")
+
+
+@login_required
+@viewer_required
+@require_http_methods(["GET", "POST"])
+def alert_detail(request, pk):
+    rule = get_object_or_404(AlertRule, pk=pk)
+    form = AlertRuleForm(request.POST or None, instance=rule, prefix="rule")
+    if request.method == "POST":
+        if not has_role(request.user, "admin"):
+            _forbidden()
+        if form.is_valid():
+            form.save()
+            _log(request, "alert_rule_changed", id=rule.pk, name=rule.name)
+            flash.success(request, "Saved.")
+            return redirect("alert", pk=rule.pk)
+    return render(
+        request,
+        "alerts/detail.html",
+        {
+            "rule": rule,
+            "form": form,
+            "mute_form": MuteForm(),
+            "transitions": rule.transitions.all()[:100],
+            "notifications": rule.notifications.select_related("channel")[:50],
+            "is_admin": has_role(request.user, "admin"),
+            "now": timezone.now(),
+        },
+    )
+
+
+@login_required
+@admin_required
+@require_POST
+def alert_mute(request, pk):
+    rule = get_object_or_404(AlertRule, pk=pk)
+    form = MuteForm(request.POST)
+    if form.is_valid():
+        minutes = form.cleaned_data["minutes"]
+        rule.muted_until = timezone.now() + datetime.timedelta(minutes=minutes) if minutes else None
+        rule.save(update_fields=["muted_until"])
+        _log(request, "alert_rule_muted", id=rule.pk, name=rule.name, minutes=minutes)
+        flash.success(request, f"Muted for {minutes} min." if minutes else "Unmuted.")
+    else:
+        flash.error(request, "Mute: " + "; ".join(e for es in form.errors.values() for e in es))
+    return redirect("alert", pk=rule.pk)
+
+
+@login_required
+@admin_required
+@require_POST
+def alert_delete(request, pk):
+    rule = get_object_or_404(AlertRule, pk=pk)
+    _log(request, "alert_rule_deleted", id=rule.pk, name=rule.name)
+    rule.delete()
+    flash.success(request, f"Deleted {rule.name}.")
+    return redirect("alerts")
+
+
+@login_required
+@admin_required
+@require_POST
+def channel_test(request, pk):
+    channel = get_object_or_404(NotificationChannel, pk=pk)
+    notification = send_test(channel, request.user)
+    _log(request, "channel_tested", id=channel.pk, name=channel.name, status=notification.status)
+    if notification.status == notification.Status.DELIVERED:
+        flash.success(request, f"Test notification delivered to {channel.name}.")
+    else:
+        flash.error(
+            request,
+            f"Test notification to {channel.name} failed: {notification.last_error} "
+            "(it will be retried with backoff)",
+        )
+    return redirect("alerts")
+
+
+@login_required
+@viewer_required
+@require_GET
+def uncovered_list(request):
+    rows, unreachable = uncovered_everywhere()
+    return render(request, "alerts/uncovered.html", {"rows": rows, "unreachable": unreachable})

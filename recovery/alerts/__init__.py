@@ -1,0 +1,1 @@
+"""Alerts: rules, evaluation on beat, and the notification outbox (docs/alerts.md)."""

@@ -1,0 +1,239 @@
+"""One check per alert kind: is its condition true now, with a value, a one-line summary and the
+items behind it (group keys, job ids, queue names). Each reads an aggregate the store already
+keeps (``MessageCount`` sums, the heartbeat table, the newest audit) or one management API
+call, so a cycle of rules stays cheap at a million stored messages.
+
+Parameters per kind (``AlertRule.params``) and the scope fields each honours:
+
+- new_failure_group: ``window_minutes`` (60): groups whose first message is that recent
+  (hour resolution: the counts table's). Scope: vhost, queue, exchange.
+- open_messages: ``threshold`` (0): open (pending, poisoned, replaying) messages above it.
+  Scope: vhost, queue, exchange, group_key.
+- open_growth: ``per_minute`` (100), ``window_minutes`` (10): messages collected in the window
+  per minute above the rate. Scope: vhost, queue, exchange, group_key.
+- collector_down: ``seconds`` (60): no collector heartbeat that recent. Scope: vhost.
+- collector_lag: ``threshold`` (1000): messages waiting in a recovery queue. Scope: vhost.
+- replay_job: ``window_minutes`` (60): jobs paused now, or failed that recently.
+- audit: ``lost_above`` (0), ``loss_ppm_above`` (none), ``warnings`` (true), ``missing_after``
+  ("06:00" UTC: yesterday's audit should have succeeded by then).
+- broker_alarm: memory or disk alarms on any node, blocked or blocking connections.
+- queue_without_consumers: a recovery queue with no consumer (the collector is not draining
+  it). Scope: vhost.
+- uncovered_queues: application queues without dead-lettering to Lazarus, exchanges without
+  an alternate exchange (recovery/broker/coverage.py). Scope: vhost.
+"""
+
+import datetime
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.db.models import Min, Q, Sum
+
+from recovery.broker.coverage import uncovered
+from recovery.broker.management import Management
+from recovery.broker.topology import Names
+from recovery.models import (
+    OPEN,
+    AuditRun,
+    CollectorHeartbeat,
+    Message,
+    MessageCount,
+    ReplayJob,
+)
+
+ITEMS_KEPT = 50  # items named in a notification; the count says how many there were
+
+
+@dataclass
+class Check:
+    firing: bool
+    value: float | None = None
+    summary: str = ""
+    items: list = field(default_factory=list)
+
+
+def _vhosts(rule):
+    return [rule.vhost] if rule.vhost else list(settings.RECOVERY_VHOSTS)
+
+
+def _count_scope(rule, prefix=""):
+    q = Q()
+    for name, column in (
+        ("vhost", "vhost"),
+        ("queue", "source_queue"),
+        ("exchange", "source_exchange"),
+        ("group_key", "group_key"),
+    ):
+        value = getattr(rule, name)
+        if value:
+            q &= Q(**{prefix + column: value})
+    return q
+
+
+def new_failure_group(rule, now, management):
+    window = datetime.timedelta(minutes=rule.params.get("window_minutes", 60))
+    since = (now - window).replace(minute=0, second=0, microsecond=0)
+    rows = (
+        MessageCount.objects.filter(_count_scope(rule))
+        .values("group_key")
+        .annotate(first=Min("hour"), n=Sum("n"))
+        .filter(first__gte=since, n__gt=0)
+        .order_by("-first")
+    )
+    keys = [row["group_key"] for row in rows[:ITEMS_KEPT]]
+    count = rows.count() if len(keys) == ITEMS_KEPT else len(keys)
+    return Check(count > 0, count, f"{count} new failure group(s) since {since:%H:%M} UTC", keys)
+
+
+def open_messages(rule, now, management):
+    threshold = rule.params.get("threshold", 0)
+    n = (
+        MessageCount.objects.filter(_count_scope(rule), status__in=OPEN).aggregate(n=Sum("n"))["n"]
+        or 0
+    )
+    return Check(n > threshold, n, f"{n} open message(s) (threshold {threshold})")
+
+
+def open_growth(rule, now, management):
+    per_minute = rule.params.get("per_minute", 100)
+    minutes = rule.params.get("window_minutes", 10)
+    scope = _count_scope(rule)
+    n = Message.objects.filter(
+        scope, collected_at__gte=now - datetime.timedelta(minutes=minutes)
+    ).count()
+    rate = n / minutes
+    return Check(
+        rate > per_minute,
+        rate,
+        f"{rate:.0f} messages/min collected over {minutes} min (limit {per_minute})",
+    )
+
+
+def collector_down(rule, now, management):
+    seconds = rule.params.get("seconds", 60)
+    beats = CollectorHeartbeat.objects.filter(
+        updated_at__gte=now - datetime.timedelta(seconds=seconds)
+    )
+    down = [v for v in _vhosts(rule) if not beats.filter(vhost=v).exists()]
+    return Check(
+        bool(down),
+        len(down),
+        f"no collector heartbeat for {seconds} s in {', '.join(down)}" if down else "collecting",
+        down,
+    )
+
+
+def collector_lag(rule, now, management):
+    threshold = rule.params.get("threshold", 1000)
+    names = Names.from_settings()
+    waiting = []
+    for vhost in _vhosts(rule):
+        for q in management.queues(vhost) or []:
+            if q["name"] in names.source_queues and (q.get("messages") or 0) > threshold:
+                waiting.append(f"{vhost}/{q['name']}: {q['messages']}")
+    worst = max((int(w.rsplit(": ", 1)[1]) for w in waiting), default=0)
+    return Check(
+        bool(waiting), worst, f"recovery queues above {threshold} waiting: {len(waiting)}", waiting
+    )
+
+
+def replay_job(rule, now, management):
+    window = datetime.timedelta(minutes=rule.params.get("window_minutes", 60))
+    jobs = ReplayJob.objects.filter(
+        Q(state=ReplayJob.State.PAUSED)
+        | Q(state=ReplayJob.State.FAILED, finished_at__gte=now - window)
+    ).order_by("-id")
+    items = [f"job {j.pk} {j.state}: {j.state_reason}"[:200] for j in jobs[:ITEMS_KEPT]]
+    return Check(bool(items), len(items), f"{len(items)} replay job(s) paused or failed", items)
+
+
+def audit(rule, now, management):
+    params = rule.params
+    yesterday = now.date() - datetime.timedelta(days=1)
+    runs = AuditRun.objects.filter(date=yesterday).order_by("-revision")
+    run = runs.first()
+    hour, _, minute = params.get("missing_after", "06:00").partition(":")
+    due = datetime.datetime.combine(
+        now.date(), datetime.time(int(hour), int(minute or 0)), datetime.UTC
+    )
+    problems = []
+    if run is None or run.status == AuditRun.State.RUNNING:
+        if now >= due:
+            problems.append(f"no finished audit of {yesterday}")
+    elif run.status == AuditRun.State.FAILED:
+        problems.append(f"the audit of {yesterday} failed: {run.error[:200]}")
+    else:
+        lost = run.totals.get("lost") or 0
+        if lost > params.get("lost_above", 0):
+            problems.append(f"{lost} lost in the audit of {yesterday}")
+        ppm = run.totals.get("loss_ppm")
+        limit = params.get("loss_ppm_above")
+        if limit is not None and ppm is not None and ppm > limit:
+            problems.append(f"loss {ppm:.1f} ppm (limit {limit})")
+        if params.get("warnings", True) and run.warnings:
+            codes = ", ".join(f"{w['count']} {w['code']}" for w in run.warnings)
+            problems.append(f"the audit of {yesterday} could not decide: {codes}")
+    return Check(
+        bool(problems),
+        len(problems),
+        "; ".join(problems) or f"audit of {yesterday} clean",
+        problems,
+    )
+
+
+def broker_alarm(rule, now, management):
+    items = []
+    for node in management.request("GET", "/nodes") or []:
+        if node.get("mem_alarm"):
+            items.append(
+                f"{node['name']}: memory alarm ({node.get('mem_used')} of {node.get('mem_limit')})"
+            )
+        if node.get("disk_free_alarm"):
+            items.append(
+                f"{node['name']}: disk alarm ({node.get('disk_free')} free, "
+                f"limit {node.get('disk_free_limit')})"
+            )
+    blocked = [
+        c.get("name", "?")
+        for c in management.request("GET", "/connections?columns=name,state") or []
+        if c.get("state") in ("blocked", "blocking")
+    ]
+    if blocked:
+        items.append(f"{len(blocked)} publishing connection(s) blocked by flow control")
+    return Check(bool(items), len(items), "; ".join(items) or "no broker alarm", items)
+
+
+def queue_without_consumers(rule, now, management):
+    names = Names.from_settings()
+    idle = []
+    for vhost in _vhosts(rule):
+        for q in management.queues(vhost) or []:
+            if q["name"] in names.source_queues and not q.get("consumers"):
+                idle.append(f"{vhost}/{q['name']}")
+    return Check(bool(idle), len(idle), f"{len(idle)} recovery queue(s) without consumers", idle)
+
+
+def uncovered_queues(rule, now, management):
+    rows = [row for vhost in _vhosts(rule) for row in uncovered(vhost, management)]
+    items = [f"{r.vhost}/{r.kind} {r.name}: {r.problem}" for r in rows[:ITEMS_KEPT]]
+    return Check(
+        bool(rows), len(rows), f"{len(rows)} queue(s)/exchange(s) Lazarus cannot collect", items
+    )
+
+
+CHECKS = {
+    "new_failure_group": new_failure_group,
+    "open_messages": open_messages,
+    "open_growth": open_growth,
+    "collector_down": collector_down,
+    "collector_lag": collector_lag,
+    "replay_job": replay_job,
+    "audit": audit,
+    "broker_alarm": broker_alarm,
+    "queue_without_consumers": queue_without_consumers,
+    "uncovered_queues": uncovered_queues,
+}
+
+
+def run_check(rule, now, management=None) -> Check:
+    return CHECKS[rule.kind](rule, now, management or Management())
