@@ -5,6 +5,7 @@ deployment is an error at start-up, not a silent default at 3 a.m.
 """
 
 import datetime
+import ipaddress
 import os
 import warnings
 from pathlib import Path
@@ -380,6 +381,17 @@ ALERTS_DELIVER_SECONDS = env_int("ALERTS_DELIVER_SECONDS", 10, minimum=1)
 ALERTS_MAX_ATTEMPTS = env_int("ALERTS_MAX_ATTEMPTS", 12, minimum=1)
 ALERTS_HTTP_TIMEOUT_SECONDS = env_int("ALERTS_HTTP_TIMEOUT_SECONDS", 10, minimum=1)
 CONSOLE_BASE_URL = env_str("CONSOLE_BASE_URL", "http://127.0.0.1:8000")
+# /metrics: client addresses or networks that may scrape without a token (empty: token or login
+# only), and how many queues get series of their own (the rest are summed as __other__).
+METRICS_ALLOWED_IPS = env_list("METRICS_ALLOWED_IPS", [])
+for _network in METRICS_ALLOWED_IPS:
+    try:
+        ipaddress.ip_network(_network, strict=False)
+    except ValueError:
+        raise ImproperlyConfigured(
+            f"METRICS_ALLOWED_IPS: {_network!r} is not an address or network"
+        ) from None
+METRICS_MAX_QUEUES = env_int("METRICS_MAX_QUEUES", 50, minimum=1)
 # Email notifications go through Django's SMTP backend with these.
 EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
 EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)

@@ -12,6 +12,7 @@ from console.views import (
     jobs,
     message,
     messages,
+    metrics,
     overview,
     users,
 )
@@ -62,6 +63,7 @@ urlpatterns = [
     path("alerts/<int:pk>/delete", alerts.alert_delete, name="alert-delete"),
     path("alerts/channels/<int:pk>/test", alerts.channel_test, name="channel-test"),
     path("uncovered/", alerts.uncovered_list, name="uncovered"),
+    path("metrics", metrics.metrics, name="metrics"),
     path("healthz", health.healthz, name="healthz"),
     path("livez", health.livez, name="livez"),
     path("readyz", health.readyz, name="readyz"),

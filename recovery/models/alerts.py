@@ -4,6 +4,7 @@ outbox of notifications to webhooks, Slack and email (recovery/alerts/)."""
 import datetime
 import secrets
 
+from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
@@ -63,6 +64,17 @@ class AlertRule(models.Model):
 
     def __str__(self):
         return f"{self.name} ({self.kind}, {self.state})"
+
+    @property
+    def unchecked(self) -> str:
+        """Why its state cannot be trusted now ("" when it can): never evaluated, or not for
+        several evaluation periods (beat or its worker is not running)."""
+        if self.last_evaluated_at is None:
+            return "never evaluated"
+        late = datetime.timedelta(seconds=4 * settings.ALERTS_EVALUATE_SECONDS)
+        if timezone.now() - self.last_evaluated_at > late:
+            return f"not evaluated since {self.last_evaluated_at:%Y-%m-%d %H:%M} UTC"
+        return ""
 
     def muted(self, now=None) -> bool:
         return bool(self.muted_until and self.muted_until > (now or timezone.now()))

@@ -1,0 +1,216 @@
+"""/metrics in the Prometheus text format.
+
+Read from the store at scrape time, not kept in process memory: the console runs as several
+gunicorn workers and the work happens in Celery workers, so per-process counters (or
+prometheus-client's multiprocess mode, which needs a shared directory on every machine and
+still cannot see the workers' work) would each tell part of the story. Every number here comes
+from an aggregate the store already keeps (the counts table, heartbeats, jobs, the newest
+audit, alert rules), so a scrape costs a few indexed queries at a million stored messages.
+
+Series count is bounded: per-queue series only for the METRICS_MAX_QUEUES queues with the most
+open messages; the rest are summed into ``queue="__other__"``. Not public: an API token, a
+logged-in session, or a client address in METRICS_ALLOWED_IPS.
+"""
+
+import datetime
+import ipaddress
+
+from django.conf import settings
+from django.db.models import Count, Sum
+from django.http import HttpResponse
+from django.utils import timezone
+from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from recovery.api.auth import HashedTokenAuthentication
+from recovery.models import (
+    OPEN,
+    AlertRule,
+    AuditRun,
+    CollectorHeartbeat,
+    MessageCount,
+    Notification,
+    NotificationChannel,
+    ReplayJob,
+    Role,
+    has_role,
+)
+
+OTHER = "__other__"
+HEARTBEAT_FRESH = datetime.timedelta(seconds=60)
+
+
+def _allowed(request):
+    """A client address in METRICS_ALLOWED_IPS (addresses or networks), or a viewer: logged in,
+    or by API token."""
+    try:
+        client = ipaddress.ip_address(request.META.get("REMOTE_ADDR", ""))
+    except ValueError:
+        client = None
+    networks = [ipaddress.ip_network(n, strict=False) for n in settings.METRICS_ALLOWED_IPS]
+    if client is not None and any(client in network for network in networks):
+        return True
+    user = request.user if request.user.is_authenticated else None
+    if user is None:
+        try:
+            found = HashedTokenAuthentication().authenticate(request)
+        except Exception:  # noqa: BLE001 - a bad token is simply not allowed
+            found = None
+        user = found[0] if found else None
+    return user is not None and has_role(user, Role.VIEWER)
+
+
+class StoreCollector:
+    def __init__(self, now=None):
+        self.now = now or timezone.now()
+
+    def collect(self):
+        yield from self.messages()
+        yield from self.collector()
+        yield from self.replay()
+        yield from self.audit()
+        yield from self.alerts()
+
+    def messages(self):
+        stored = GaugeMetricFamily(
+            "lazarus_messages",
+            "Messages in the store by kind, reason and status",
+            labels=["kind", "reason", "status"],
+        )
+        rows = MessageCount.objects.values("kind", "reason", "status").annotate(n=Sum("n"))
+        for row in rows.order_by("kind", "reason", "status"):
+            if row["n"]:
+                stored.add_metric([row["kind"], row["reason"] or "", row["status"]], row["n"])
+        yield stored
+        open_ = GaugeMetricFamily(
+            "lazarus_open_messages",
+            "Open (pending, poisoned, replaying) messages per source queue; queues past "
+            "METRICS_MAX_QUEUES are summed into queue=__other__",
+            labels=["vhost", "queue"],
+        )
+        per_queue = list(
+            MessageCount.objects.filter(status__in=OPEN)
+            .values("vhost", "source_queue")
+            .annotate(n=Sum("n"))
+            .filter(n__gt=0)
+            .order_by("-n", "vhost", "source_queue")
+        )
+        limit = settings.METRICS_MAX_QUEUES
+        for row in per_queue[:limit]:
+            open_.add_metric([row["vhost"], row["source_queue"]], row["n"])
+        rest = sum(row["n"] for row in per_queue[limit:])
+        if rest:
+            open_.add_metric(["", OTHER], rest)
+        yield open_
+
+    def collector(self):
+        up = GaugeMetricFamily(
+            "lazarus_collector_up",
+            "1 if a collector reported on this recovery queue within the last minute",
+            labels=["vhost", "queue"],
+        )
+        collected = CounterMetricFamily(
+            "lazarus_collector_collected",
+            "Messages stored by each collector thread since it started",
+            labels=["worker", "vhost", "queue"],
+        )
+        rate = GaugeMetricFamily(
+            "lazarus_collector_rate_messages_per_second",
+            "Messages stored per second, summed over the live collectors of a queue",
+            labels=["vhost", "queue"],
+        )
+        fresh = self.now - HEARTBEAT_FRESH
+        latest = {}
+        for beat in CollectorHeartbeat.objects.order_by("vhost", "queue", "worker"):
+            collected.add_metric([beat.worker, beat.vhost, beat.queue], beat.collected)
+            key = (beat.vhost, beat.queue)
+            alive = beat.updated_at >= fresh
+            up_now, rate_now = latest.get(key, (0, 0.0))
+            latest[key] = (max(up_now, int(alive)), rate_now + (beat.rate if alive else 0.0))
+        for (vhost, queue), (alive, per_second) in sorted(latest.items()):
+            up.add_metric([vhost, queue], alive)
+            rate.add_metric([vhost, queue], per_second)
+        yield from (up, collected, rate)
+
+    def replay(self):
+        jobs = GaugeMetricFamily("lazarus_replay_jobs", "Replay jobs by state", labels=["state"])
+        counts = dict(ReplayJob.objects.values_list("state").annotate(n=Count("id")))
+        for state in ReplayJob.State.values:
+            jobs.add_metric([state], counts.get(state, 0))
+        yield jobs
+        sums = ReplayJob.objects.aggregate(
+            confirmed=Sum("confirmed"),
+            returned=Sum("returned"),
+            failed=Sum("failed"),
+            dead_again=Sum("dead_again"),
+        )
+        outcomes = GaugeMetricFamily(
+            "lazarus_replay_job_messages",
+            "Messages sent by replay jobs, by outcome (jobs kept in the store)",
+            labels=["outcome"],
+        )
+        for outcome, n in sorted(sums.items()):
+            outcomes.add_metric([outcome], n or 0)
+        yield outcomes
+
+    def audit(self):
+        last = (
+            AuditRun.objects.filter(status=AuditRun.State.SUCCEEDED, finality="FINAL")
+            .order_by("-date", "-revision")
+            .first()
+        )
+        family = GaugeMetricFamily(
+            "lazarus_audit_last_final",
+            "The newest FINAL audit's totals (lost, duplicated, unverified, unclaimed pairs)",
+            labels=["metric"],
+        )
+        warnings = GaugeMetricFamily(
+            "lazarus_audit_last_final_warnings",
+            "Warnings of the newest FINAL audit: what it could not decide",
+        )
+        day = GaugeMetricFamily(
+            "lazarus_audit_last_final_day_timestamp_seconds",
+            "The UTC day the newest FINAL audit covered (midnight, Unix seconds)",
+        )
+        if last is not None:
+            for metric in ("lost", "dup_msgs", "unverified", "unclaimed"):
+                family.add_metric([metric], last.totals.get(metric) or 0)
+            warnings.add_metric([], len(last.warnings or []))
+            midnight = datetime.datetime.combine(last.date, datetime.time(), datetime.UTC)
+            day.add_metric([], midnight.timestamp())
+        yield from (family, warnings, day)
+
+    def alerts(self):
+        firing = GaugeMetricFamily("lazarus_alert_rules_firing", "Alert rules firing now")
+        firing.add_metric([], AlertRule.objects.filter(enabled=True, state="firing").count())
+        pending = GaugeMetricFamily(
+            "lazarus_notifications_pending", "Notifications waiting in the outbox"
+        )
+        pending.add_metric([], Notification.objects.filter(status="pending").count())
+        failing = GaugeMetricFamily(
+            "lazarus_notification_channels_failing",
+            "Notification channels whose last attempts all failed",
+        )
+        failing.add_metric(
+            [],
+            NotificationChannel.objects.filter(
+                consecutive_failures__gte=NotificationChannel.FAILING_AFTER
+            ).count(),
+        )
+        yield from (firing, pending, failing)
+
+
+@require_GET
+def metrics(request):
+    if not _allowed(request):
+        response = HttpResponse(
+            "metrics need an API token, a login, or METRICS_ALLOWED_IPS\n",
+            status=401,
+            content_type="text/plain",
+        )
+        response["WWW-Authenticate"] = "Token"
+        return response
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StoreCollector())
+    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

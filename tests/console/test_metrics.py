@@ -1,0 +1,69 @@
+"""/metrics: the Prometheus text format, read with prometheus-client's own parser."""
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from recovery.models import AlertRule, AuditRun, ReplayJob
+from tests.conftest import token_for
+from tests.console.conftest import make_message
+
+pytestmark = pytest.mark.django_db
+
+
+def scrape(client, **headers):
+    response = client.get("/metrics", **headers)
+    assert response.status_code == 200, response.content
+    samples = {}
+    for family in text_string_to_metric_families(response.content.decode()):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def test_it_is_not_public(client, settings, viewer):
+    settings.METRICS_ALLOWED_IPS = []
+    denied = client.get("/metrics")
+    assert denied.status_code == 401 and denied["WWW-Authenticate"] == "Token"
+    assert scrape(client, HTTP_AUTHORIZATION=f"Token {token_for(viewer)}")
+    settings.METRICS_ALLOWED_IPS = ["127.0.0.0/8"]  # the test client's address
+    assert scrape(client)
+
+
+def test_it_reports_the_store_jobs_audits_and_alerts(client, settings):
+    settings.METRICS_ALLOWED_IPS = ["127.0.0.1"]
+    make_message(source_queue="metrics-orders", reason="expired")
+    make_message(source_queue="metrics-orders", reason="expired")
+    make_message(source_queue="metrics-orders", status="discarded")
+    ReplayJob.objects.create(state="paused", confirmed=7)
+    AuditRun.objects.create(
+        date="2026-11-20",
+        status="succeeded",
+        finality="FINAL",
+        totals={"lost": 3, "dup_msgs": 1, "unverified": 2, "unclaimed": 5},
+        warnings=[{"code": "unclaimed", "count": 5}],
+    )
+    AlertRule.objects.create(name="m", kind="audit", state="firing")
+    samples = scrape(client)
+    labels = (("kind", "dead_letter"), ("reason", "expired"), ("status", "pending"))
+    assert samples[("lazarus_messages", labels)] == 2
+    assert samples[("lazarus_open_messages", (("queue", "metrics-orders"), ("vhost", "/")))] == 2
+    assert samples[("lazarus_replay_jobs", (("state", "paused"),))] == 1
+    assert samples[("lazarus_replay_job_messages", (("outcome", "confirmed"),))] == 7
+    assert samples[("lazarus_audit_last_final", (("metric", "lost"),))] == 3
+    assert samples[("lazarus_audit_last_final_warnings", ())] == 1
+    assert samples[("lazarus_alert_rules_firing", ())] == 1
+
+
+def test_queue_series_are_bounded(client, settings):
+    settings.METRICS_ALLOWED_IPS = ["127.0.0.1"]
+    settings.METRICS_MAX_QUEUES = 3
+    for i in range(6):
+        for _ in range(i + 1):
+            make_message(source_queue=f"bounded-{i}")
+    samples = scrape(client)
+    queues = {
+        dict(labels)["queue"]: value
+        for (name, labels), value in samples.items()
+        if name == "lazarus_open_messages"
+    }
+    assert queues == {"bounded-5": 6, "bounded-4": 5, "bounded-3": 4, "__other__": 3 + 2 + 1}
