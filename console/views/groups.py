@@ -2,12 +2,13 @@
 
 from django import forms
 from django.contrib.auth.decorators import login_required
-from django.db.models import Max, Q, Sum
+from django.db.models import Max, Q
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
 from console.access import viewer_required
-from recovery.models import OPEN, Kind, MessageCount, Reason, Status, group_details
+from recovery.models import Kind, MessageCount, Reason, group_details
+from recovery.search.groups import group_counts
 
 PAGE_SIZE = 100
 
@@ -38,20 +39,9 @@ class GroupFilterForm(forms.Form):
 
 
 def group_rows(form):
-    queryset = form.apply(MessageCount.objects.all())
-    rows = (
-        queryset.values("group_key")
-        .annotate(
-            total=Sum("n"),
-            open=Sum("n", filter=Q(status__in=OPEN), default=0),
-            poisoned=Sum("n", filter=Q(status=Status.POISONED), default=0),
-            replayed=Sum("n", filter=Q(status=Status.REPLAYED), default=0),
-        )
-        .filter(total__gt=0)
+    return group_counts(
+        form.apply(MessageCount.objects.all()), open_only=form.cleaned_data.get("open_only")
     )
-    if form.cleaned_data.get("open_only"):
-        rows = rows.filter(open__gt=0)
-    return rows
 
 
 @login_required
