@@ -3,6 +3,7 @@
 import datetime
 import io
 import json
+import os
 
 import pytest
 from django.core.management import call_command
@@ -180,9 +181,7 @@ def test_the_store_export_is_the_contract_spark_reads(tmp_path):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_exchange_the_broker_does_not_know_is_audited_from_what_its_consumers_did(
-    tmp_path, wired
-):
+def test_an_exchange_the_broker_does_not_know_is_audited_from_what_its_consumers_did(tmp_path):
     """Issue #16's report: a day of "payments", an exchange with no binding on the broker
     Lazarus watches, one group consuming all but 3. Not a quiet success: the 3 are lost (expected
     by observation), and the run says what it could not see."""
@@ -205,17 +204,30 @@ def test_an_exchange_the_broker_does_not_know_is_audited_from_what_its_consumers
             if p["message_id"] not in missed
         ],
     )
-    run = run_audit(
-        DAY,
-        producer_logs=str(tmp_path / "producer"),
-        consumer_logs=str(tmp_path / "consumer"),
-        now=datetime.datetime(2026, 11, 22, tzinfo=datetime.UTC),
-        master="local[1]",
-    )
+    # A vhost of its own with no application bindings (the session's vhost has other tests').
+    from django.conf import settings
+
+    from recovery.broker.management import Management
+
+    management, vhost = Management(), f"lazarus-test-nobindings-{os.getpid()}"
+    management.put_vhost(vhost)
+    management.grant(vhost, "guest")
+    original, settings.RECOVERY_VHOSTS = settings.RECOVERY_VHOSTS, [vhost]
+    try:
+        run = run_audit(
+            DAY,
+            producer_logs=str(tmp_path / "producer"),
+            consumer_logs=str(tmp_path / "consumer"),
+            now=datetime.datetime(2026, 11, 22, tzinfo=datetime.UTC),
+            master="local[1]",
+        )
+    finally:
+        settings.RECOVERY_VHOSTS = original
+        management.delete_vhost(vhost)
     assert run.status == "succeeded", run.error
     assert run.outcome == "succeeded_with_warnings"
     codes = {w["code"]: w["count"] for w in run.warnings}
-    # The test vhost has no application bindings at all: that too is said.
+    # That vhost has no application bindings at all: that too is said.
     assert codes == {"bindings_snapshot_only": 1, "no_bindings": 1, "unbound_consumption": 57}
     assert (run.totals["lost"], run.totals["expected_confirmed"]) == (3, 60)
     lost = AuditEvidence.objects.filter(run=run, kind="lost")
