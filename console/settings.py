@@ -111,6 +111,22 @@ DATABASE_URL = env_url(
     "DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/lazarus", ("postgres", "postgresql")
 )
 DATABASES = {"default": database_from_url(DATABASE_URL)}
+# DATABASE_URL goes through a pooler in transaction mode (PgBouncer): no session state may be
+# relied on (docs/production.md "Behind PgBouncer"): server-side cursors off, psycopg's
+# automatic prepared statements off, session SETs skipped, and the one session lock Lazarus
+# takes (the search indexer's) taken on DATABASE_DIRECT_URL, a direct route to the same
+# database (its host, port, user and password; the database name is DATABASE_URL's).
+DATABASE_POOLED = env_bool("DATABASE_POOLED", False)
+DATABASE_DIRECT_URL = os.environ.get("DATABASE_DIRECT_URL", "")
+if DATABASE_DIRECT_URL:
+    env_url("DATABASE_DIRECT_URL", None, ("postgres", "postgresql"))
+if DATABASE_POOLED:
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+    if not DATABASE_DIRECT_URL:
+        raise ImproperlyConfigured(
+            "DATABASE_POOLED=true needs DATABASE_DIRECT_URL (a direct route to the database for "
+            "the search indexer's session lock; see docs/production.md)"
+        )
 
 # The broker Lazarus watches. Its vhost is the default vhost for the collector and replays.
 RABBITMQ_URL = env_url("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F", ("amqp", "amqps"))

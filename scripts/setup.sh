@@ -14,6 +14,9 @@ command -v pg_ctlcluster >/dev/null 2>&1 || need_pkgs+=(postgresql)
 [ -x /usr/bin/chromium ] || need_pkgs+=(chromium)
 command -v java >/dev/null 2>&1 || need_pkgs+=(openjdk-17-jre-headless)
 command -v curl >/dev/null 2>&1 || need_pkgs+=(curl)
+# PgBouncer for the tests that run Lazarus through a transaction-mode pooler (started by the
+# tests on a port of their own; the Debian service is not used).
+command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || need_pkgs+=(pgbouncer)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   say "installing ${need_pkgs[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo

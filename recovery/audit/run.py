@@ -21,7 +21,6 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-import psycopg
 import pyarrow as pa
 import pyarrow.parquet as pq
 from django.conf import settings
@@ -29,6 +28,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from recovery import db
 from recovery.audit.bindings import bindings_for_day
 from recovery.db import database_conninfo
 from recovery.errors import AuditError
@@ -79,7 +79,7 @@ def export_store(day, grace, path, conninfo=None):
     """
     rows = 0
     with (
-        psycopg.connect(conninfo or database_conninfo("lazarus-audit")) as conn,
+        db.connect(conninfo or database_conninfo("lazarus-audit")) as conn,
         conn.cursor() as cur,
         pq.ParquetWriter(path, STORE_EXPORT_COLUMNS) as writer,
         cur.copy(query, (start, end)) as copy,
@@ -297,7 +297,7 @@ def _evidence_rows(run_id, name, rows):
 
 def copy_evidence(run, out_dir, conninfo=None):
     """COPY each evidence Parquet file (one Spark partition each) into recovery_auditevidence."""
-    with psycopg.connect(conninfo or database_conninfo("lazarus-audit")) as conn:
+    with db.connect(conninfo or database_conninfo("lazarus-audit")) as conn:
         for name in ("lost", "duplicates", "orphans", "unclaimed"):
             folder = Path(out_dir) / name
             for part in sorted(folder.glob("*.parquet")) if folder.exists() else []:

@@ -64,7 +64,7 @@ class PostgresDedup:
 
     def _connection(self):
         if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(self.dsn, autocommit=True)
+            self._conn = psycopg.connect(self.dsn, autocommit=True, prepare_threshold=None)
             ensure_tables(self._conn, PROCESSED_DDL)
         return self._conn
 

@@ -131,7 +131,7 @@ class Outbox:
 
     def _connection(self):
         if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(self.dsn, autocommit=True)
+            self._conn = psycopg.connect(self.dsn, autocommit=True, prepare_threshold=None)
             ensure_tables(self._conn, OUTBOX_DDL)
         return self._conn
 
@@ -177,9 +177,9 @@ class SendingStore:
     def __init__(self, dsn, producer):
         require_psycopg("the durable retry store")
         self.producer = producer
-        self._insert_conn = psycopg.connect(dsn, autocommit=True)
+        self._insert_conn = psycopg.connect(dsn, autocommit=True, prepare_threshold=None)
         ensure_tables(self._insert_conn, SENDING_DDL)
-        self._update_conn = psycopg.connect(dsn, autocommit=True)
+        self._update_conn = psycopg.connect(dsn, autocommit=True, prepare_threshold=None)
 
     def add(self, entry):
         self._insert_conn.execute(
@@ -238,7 +238,7 @@ def forward_outbox(dsn, url, returns_queue="recovery.returns", batch=FORWARD_BAT
     crash in between forwards them again (at-least-once; the collector's fingerprint dedups).
     """
     moved = 0
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(dsn, autocommit=True, prepare_threshold=None) as conn:
         ensure_tables(conn, OUTBOX_DDL)
         amqp = pika.BlockingConnection(pika.URLParameters(url))
         try:

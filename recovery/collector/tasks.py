@@ -5,16 +5,16 @@ Lazarus's database (``outbox_dsn``). This task, run by Celery beat, forwards the
 to the returns queue, where the collector stores them as ``unconfirmed``/``nacked``/``returned``.
 """
 
-import psycopg
 from celery import shared_task
 from django.conf import settings
 
+from recovery import db
 from recovery.client import forward_outbox
 from recovery.db import database_conninfo
 
 
 def outbox_exists(conninfo):
-    with psycopg.connect(conninfo) as conn:
+    with db.connect(conninfo) as conn:
         return conn.execute("SELECT to_regclass('recovery_outbox') IS NOT NULL").fetchone()[0]
 
 

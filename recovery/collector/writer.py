@@ -20,6 +20,7 @@ import pika.exceptions
 import psycopg
 import psycopg.errors
 
+from recovery import db
 from recovery.broker.connection import amqp_parameters
 from recovery.broker.topology import QUORUM
 from recovery.client.headers import UndecodableHeaders
@@ -302,7 +303,7 @@ class BatchWriter(threading.Thread):
 
     def _pg(self):
         if self.pg is None or self.pg.closed:
-            self.pg = psycopg.connect(self.pool.conninfo, autocommit=True)
+            self.pg = db.connect(self.pool.conninfo, autocommit=True)
         return self.pg
 
     def _close_pg(self):

@@ -25,8 +25,7 @@ locked once (claim) and updated once (outcome).
 import json
 import logging
 
-import psycopg
-
+from recovery import db
 from recovery.db import database_conninfo
 from recovery.replay.one import STRIPPED_HEADERS
 
@@ -163,11 +162,14 @@ class JobStore:
 
     def connect(self):
         if self.pg is None or self.pg.closed:
-            self.pg = psycopg.connect(self.conninfo, autocommit=True)
+            self.pg = db.connect(self.conninfo, autocommit=True)
             # Losing the last few hundred milliseconds of commits to a PostgreSQL crash costs
             # only duplicates here (claimed-but-unrecorded items are sent again, within the
             # window), never a lost message; waiting for each WAL flush costs throughput.
-            self.pg.execute("SET synchronous_commit = off")
+            # Behind a transaction-mode pooler the SET would land on a shared server
+            # connection: skipped (commits then wait for the WAL flush).
+            if db.session_state_allowed():
+                self.pg.execute("SET synchronous_commit = off")
         return self.pg
 
     def close(self):

@@ -17,6 +17,8 @@ import time
 
 from django.db import connection
 
+from recovery import db
+
 log = logging.getLogger(__name__)
 
 # What a free-text search looks in: ids, the headers as JSON text and the body bytes as text,
@@ -66,15 +68,27 @@ def high_water():
 
 
 def _locked(function):
-    """Run ``function`` holding the indexer's advisory lock; None if another run holds it."""
-    with connection.cursor() as cur:
-        cur.execute("SELECT pg_try_advisory_lock(%s)", [LOCK_KEY])
-        if not cur.fetchone()[0]:
-            return None
-        try:
-            return function()
-        finally:
-            cur.execute("SELECT pg_advisory_unlock(%s)", [LOCK_KEY])
+    """Run ``function`` holding the indexer's advisory lock; None if another run holds it.
+
+    A session lock: behind a transaction-mode pooler the lock and the unlock could reach
+    different server connections (and the lock would stay held for good), so it is then taken
+    on a connection of its own over DATABASE_DIRECT_URL."""
+    if db.session_state_allowed():
+        with connection.cursor() as cur:
+            return _holding(cur.execute, cur.fetchone, function)
+    with db.connect(db.direct_conninfo("lazarus-indexer-lock"), autocommit=True) as conn:
+        cur = conn.cursor()
+        return _holding(cur.execute, cur.fetchone, function)
+
+
+def _holding(execute, fetchone, function):
+    execute("SELECT pg_try_advisory_lock(%s)", [LOCK_KEY])
+    if not fetchone()[0]:
+        return None
+    try:
+        return function()
+    finally:
+        execute("SELECT pg_advisory_unlock(%s)", [LOCK_KEY])
 
 
 def index_new(batch=BATCH, budget_seconds=30.0):
