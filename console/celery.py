@@ -17,6 +17,7 @@ TASK_PACKAGES = [
     "recovery.audit",
     "recovery.search",
     "recovery.alerts",
+    "recovery.broker",
 ]
 app.autodiscover_tasks(TASK_PACKAGES)
 app.conf.imports = [
@@ -62,6 +63,12 @@ def alerts_seconds(name):
     return float(getattr(settings, name))
 
 
+def broker_tally_seconds():
+    from django.conf import settings
+
+    return float(settings.BROKER_TALLY_SECONDS)
+
+
 def search_index_seconds():
     from django.conf import settings
 
@@ -88,6 +95,12 @@ app.conf.beat_schedule = {
         "task": "recovery.audit_tasks.record_bindings",
         "schedule": bindings_poll_seconds(),
         "options": {"expires": bindings_poll_seconds()},
+    },
+    # The broker's own count of what it dead-lettered or dropped, against the store.
+    "record-broker-tally": {
+        "task": "recovery.broker_tasks.record_tally",
+        "schedule": broker_tally_seconds(),
+        "options": {"expires": broker_tally_seconds()},
     },
     # Give-ups producers parked in the outbox while the broker was unreachable.
     "forward-client-outbox": {

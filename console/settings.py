@@ -133,6 +133,21 @@ RABBITMQ_URL = env_url("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F", 
 RABBITMQ_MANAGEMENT_URL = env_url(
     "RABBITMQ_MANAGEMENT_URL", "http://guest:guest@127.0.0.1:15672", ("http", "https")
 )
+# The broker's own counters (rabbitmq_prometheus, one URL per node of a cluster: they are per
+# node), read by the tally that sets them against the store (recovery/broker/tally.py). Default:
+# the management host on the plugin's port.
+RABBITMQ_PROMETHEUS_URLS = env_list(
+    "RABBITMQ_PROMETHEUS_URLS",
+    [f"http://{urlparse(RABBITMQ_MANAGEMENT_URL).hostname}:15692/metrics"],
+)
+for _url in RABBITMQ_PROMETHEUS_URLS:
+    if urlparse(_url).scheme not in ("http", "https"):
+        raise ImproperlyConfigured(f"RABBITMQ_PROMETHEUS_URLS: {_url!r} is not an http(s) URL")
+# How often beat samples the broker's counters against the store, and how long samples stay.
+BROKER_TALLY_SECONDS = env_int("BROKER_TALLY_SECONDS", 60, minimum=5)
+BROKER_TALLY_KEEP_DAYS = env_int("BROKER_TALLY_KEEP_DAYS", 14, minimum=1)
+# The broker health page's management API reads are cached this long per process.
+BROKER_HEALTH_CACHE_SECONDS = env_int("BROKER_HEALTH_CACHE_SECONDS", 10, minimum=0)
 
 INSTALLED_APPS = [
     "django.contrib.admin",

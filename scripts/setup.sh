@@ -40,6 +40,13 @@ if ! curl -sf -u guest:guest http://127.0.0.1:15672/api/overview >/dev/null; the
   rabbitmq-plugins enable rabbitmq_management >/dev/null
   for _ in $(seq 60); do curl -sf -u guest:guest http://127.0.0.1:15672/api/overview >/dev/null && break; sleep 1; done
 fi
+# The broker's own dead-letter and unroutable counters, which the broker tally sets against the
+# store (recovery/broker/tally.py), are served by the prometheus plugin on :15692.
+if ! curl -sf http://127.0.0.1:15692/metrics >/dev/null; then
+  say "enabling the RabbitMQ prometheus plugin"
+  rabbitmq-plugins enable rabbitmq_prometheus >/dev/null
+  for _ in $(seq 60); do curl -sf http://127.0.0.1:15692/metrics >/dev/null && break; sleep 1; done
+fi
 
 if [ ! -x .venv/bin/python ]; then
   say "creating .venv"

@@ -24,6 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from recovery.api.auth import HashedTokenAuthentication
+from recovery.broker import tally
 from recovery.models import (
     OPEN,
     AlertRule,
@@ -71,6 +72,7 @@ class StoreCollector:
         yield from self.replay()
         yield from self.audit()
         yield from self.alerts()
+        yield from self.broker()
 
     def messages(self):
         stored = GaugeMetricFamily(
@@ -199,6 +201,23 @@ class StoreCollector:
             ).count(),
         )
         yield from (firing, pending, failing)
+
+    def broker(self):
+        """The broker tally's last hour (recovery/broker/tally.py); unknown is said, not 0."""
+        state = tally.state(self.now)
+        unknown = GaugeMetricFamily(
+            "lazarus_broker_tally_unknown",
+            "1 when the broker's counters are not being read (stale or unreadable samples)",
+        )
+        unknown.add_metric([], int(state["stale"] or state["unreadable"]))
+        hour = GaugeMetricFamily(
+            "lazarus_broker_tally_last_hour_messages",
+            "The broker's own count against the store over the last hour, by figure",
+            labels=["figure"],
+        )
+        for figure in tally.FIGURES:
+            hour.add_metric([figure], state["hour"][figure])
+        yield from (unknown, hour)
 
 
 @require_GET

@@ -21,6 +21,10 @@ Parameters per kind (``AlertRule.params``) and the scope fields each honours:
   it). Scope: vhost.
 - uncovered_queues: application queues without dead-lettering to Lazarus, exchanges without
   an alternate exchange (recovery/broker/coverage.py). Scope: vhost.
+- broker_tally: ``threshold`` (0), ``window_minutes`` (15): over the window, the broker's own
+  counters say it discarded (no DLX), dropped (unroutable) or dead-lettered more than Lazarus
+  stored or holds (recovery/broker/tally.py). No sample in the window, or one whose counters
+  could not be read, is an error (unknown), not ok. Broker-wide (the counters have no vhost).
 """
 
 import datetime
@@ -29,9 +33,12 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db.models import Min, Q, Sum
 
+from recovery.broker import health as broker_health
+from recovery.broker import tally
 from recovery.broker.coverage import uncovered
 from recovery.broker.management import Management
 from recovery.broker.topology import Names
+from recovery.errors import ManagementError
 from recovery.models import (
     OPEN,
     AuditRun,
@@ -41,7 +48,14 @@ from recovery.models import (
     ReplayJob,
 )
 
-ITEMS_KEPT = 50  # items named in a notification; the count says how many there were
+ITEMS_KEPT = 50
+
+
+class TallyUnknown(Exception):
+    """The broker tally cannot say anything for the window (no sample, counters unreadable)."""
+
+
+# items named in a notification; the count says how many there were
 
 
 @dataclass
@@ -182,25 +196,16 @@ def audit(rule, now, management):
 
 
 def broker_alarm(rule, now, management):
-    items = []
-    for node in management.request("GET", "/nodes") or []:
-        if node.get("mem_alarm"):
-            items.append(
-                f"{node['name']}: memory alarm ({node.get('mem_used')} of {node.get('mem_limit')})"
-            )
-        if node.get("disk_free_alarm"):
-            items.append(
-                f"{node['name']}: disk alarm ({node.get('disk_free')} free, "
-                f"limit {node.get('disk_free_limit')})"
-            )
-    blocked = [
-        c.get("name", "?")
-        for c in management.request("GET", "/connections?columns=name,state") or []
-        if c.get("state") in ("blocked", "blocking")
-    ]
+    health = broker_health.read(management)
+    if health.error:
+        raise ManagementError(health.error)
+    items = list(health.alarms)
+    blocked = health.blocked_connections
     if blocked:
         items.append(f"{len(blocked)} publishing connection(s) blocked by flow control")
-    return Check(bool(items), len(items), "; ".join(items) or "no broker alarm", items)
+        items += [f"{c['state']}: {c['name']} ({c['user']}@{c['vhost']})" for c in blocked]
+    items = items[:ITEMS_KEPT]
+    return Check(bool(items), len(items), "; ".join(items[:3]) or "no broker alarm", items)
 
 
 def queue_without_consumers(rule, now, management):
@@ -221,6 +226,39 @@ def uncovered_queues(rule, now, management):
     )
 
 
+def broker_tally(rule, now, management):
+    threshold = rule.params.get("threshold", 0)
+    minutes = rule.params.get("window_minutes", 15)
+    rows, sums = tally.window(minutes, now)
+    if not rows:
+        raise TallyUnknown(
+            f"no broker tally sample in {minutes} min: is beat running (record-broker-tally)?"
+        )
+    if rows[0].error:
+        raise TallyUnknown(f"the broker's counters could not be read: {rows[0].error}")
+    lost = sums["discarded"] + sums["unroutable_dropped"]
+    items = []
+    if sums["discarded"]:
+        items.append(f"{sums['discarded']} dead-lettered with no dead-letter exchange: discarded")
+    if sums["unroutable_dropped"]:
+        items.append(f"{sums['unroutable_dropped']} unroutable publishes dropped")
+    if sums["gap"] > 0:
+        items.append(
+            f"{sums['gap']} dead-lettered by the broker, not stored by Lazarus nor waiting "
+            f"({sums['dead_lettered']} dead-lettered, {sums['stored_dead_letters']} stored, "
+            f"backlog {sums['backlog_change']:+d})"
+        )
+    if sums["unknown_intervals"]:
+        items.append(f"{sums['unknown_intervals']} sample(s) in the window could not be read")
+    worst = max(lost, sums["gap"])
+    return Check(
+        worst > threshold,
+        worst,
+        "; ".join(items) or f"the broker's count matches the store over {minutes} min",
+        items,
+    )
+
+
 CHECKS = {
     "new_failure_group": new_failure_group,
     "open_messages": open_messages,
@@ -232,6 +270,7 @@ CHECKS = {
     "broker_alarm": broker_alarm,
     "queue_without_consumers": queue_without_consumers,
     "uncovered_queues": uncovered_queues,
+    "broker_tally": broker_tally,
 }
 
 

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from recovery.api import alerts, audits, groups, messages, replay_jobs, tokens
+from recovery.api import alerts, audits, broker, groups, messages, replay_jobs, tokens
 
 urlpatterns = [
     path("messages", messages.MessageList.as_view(), name="api-messages"),
@@ -26,6 +26,7 @@ urlpatterns = [
     path("alert-rules/<int:pk>", alerts.AlertRuleDetail.as_view(), name="api-alert-rule"),
     path("alert-channels", alerts.ChannelList.as_view(), name="api-alert-channels"),
     path("uncovered-queues", alerts.uncovered_queues, name="api-uncovered"),
+    path("broker", broker.broker, name="api-broker"),
     path("tokens", tokens.TokenList.as_view(), name="api-tokens"),
     path("tokens/<int:pk>/revoke", tokens.revoke_token, name="api-token-revoke"),
     path("me", tokens.me, name="api-me"),

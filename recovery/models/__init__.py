@@ -5,6 +5,7 @@
 - replay: replay attempts, bulk jobs and their items, edited versions
 - audit: nightly audit runs, windows, evidence, input gaps; the bindings history
 - alerts: alert rules, their transitions, notification channels and the notification outbox
+- broker: the broker's own tally of dead-lettered and dropped messages against the store
 """
 
 from recovery.models.access import (
@@ -30,6 +31,7 @@ from recovery.models.audit import (
     BindingsCoverage,
     metric_warnings,
 )
+from recovery.models.broker import BrokerTally
 from recovery.models.replay import MessageEdit, ReplayAttempt, ReplayJob, ReplayJobItem
 from recovery.models.store import (
     COUNT_KEY_SQL,
@@ -52,6 +54,7 @@ from recovery.models.store import (
 )
 
 __all__ = [
+    "BrokerTally",
     "COUNT_KEY_SQL",
     "DISCARDABLE",
     "OPEN",

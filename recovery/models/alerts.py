@@ -27,6 +27,7 @@ class AlertRule(models.Model):
         BROKER_ALARM = "broker_alarm", "a broker memory or disk alarm, or blocked publishers"
         QUEUE_WITHOUT_CONSUMERS = "queue_without_consumers", "a recovery queue nobody consumes"
         UNCOVERED_QUEUES = "uncovered_queues", "queues whose dead letters Lazarus cannot see"
+        BROKER_TALLY = "broker_tally", "the broker lost or dead-lettered what Lazarus lacks"
 
     class State(models.TextChoices):
         OK = "ok"

@@ -46,6 +46,7 @@ ENDPOINTS = [
     ("GET", "/api/v1/alert-rules/{rule}", VIEWER, 200, None),
     ("GET", "/api/v1/alert-channels", VIEWER, 200, None),
     ("GET", "/api/v1/uncovered-queues", VIEWER, 200, None),
+    ("GET", "/api/v1/broker", VIEWER, 200, None),
 ]
 PERSONAS = ["anonymous", "no-role", "viewer", "operator", "admin"]
 

@@ -1,0 +1,29 @@
+"""The broker page: what an operator needs when messages pile up (node memory and disk against
+their alarm limits, alarms, blocked publishers, the recovery queues), and the broker's own tally
+of what it dead-lettered or dropped set against what Lazarus stored."""
+
+import datetime
+
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import render
+from django.utils import timezone
+from django.views.decorators.http import require_GET
+
+from console.access import viewer_required
+from recovery.broker import tally
+from recovery.broker.health import broker_health
+
+
+@login_required
+@viewer_required
+@require_GET
+def broker_page(request):
+    now = timezone.now()
+    health = broker_health(refresh="refresh" in request.GET)
+    context = {
+        "health": health,
+        "checked_at": datetime.datetime.fromtimestamp(health.checked_at, datetime.UTC),
+        "tally": tally.state(now),
+        "hours": tally.by_hour(now - datetime.timedelta(hours=24)),
+    }
+    return render(request, "broker/health.html", context)

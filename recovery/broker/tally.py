@@ -1,0 +1,269 @@
+"""Counted twice: what the broker says it dead-lettered or dropped, against what Lazarus stored.
+
+RabbitMQ 3.10+ keeps global counters (exposed by the ``rabbitmq_prometheus`` plugin on each
+node's :15692/metrics):
+
+- ``rabbitmq_global_messages_dead_lettered_{rejected,expired,maxlen,delivery_limit}_total``
+  by ``queue_type`` and ``dead_letter_strategy``: ``at_most_once`` / ``at_least_once`` went to
+  a dead-letter exchange; ``disabled`` means the queue had none: the message was discarded.
+- ``rabbitmq_global_messages_unroutable_dropped_total``: publishes no queue got and nobody was
+  told of (no ``mandatory``, no alternate exchange) — gone; ``..._returned_total``: returned to
+  a ``mandatory`` publisher (its client library's business, shown for information).
+
+Beat records a sample every BROKER_TALLY_SECONDS (``record``). Per interval:
+``gap = dead_lettered - stored dead letters - change of the recovery queues' backlog``, so
+messages still waiting for the collector are not a gap, and a gap that stays is dead letters
+the broker sent somewhere Lazarus never got them (a DLX with no queue bound, a purge, a DLX
+that is not Lazarus's). The counters are per node and broker-wide (every vhost): a cluster
+lists every node's URL in RABBITMQ_PROMETHEUS_URLS; a broker that dead-letters to other DLXs
+on purpose shows that as a steady gap (docs/alerts.md says how to read it).
+
+Counters that cannot be read make a sample with ``error`` and no figures: that interval is
+unknown, shown and alerted on as such, never as zero.
+"""
+
+import datetime
+import urllib.request
+
+from django.conf import settings
+from django.db import connection
+from django.db.models import Count, Q, Sum
+from django.db.models.functions import TruncHour
+from django.utils import timezone
+from prometheus_client.parser import text_string_to_metric_families
+
+from recovery.broker.management import Management
+from recovery.broker.topology import Names
+from recovery.models.broker import BrokerTally
+
+PREFIX = "rabbitmq_global_messages_"
+REASONS = ("rejected", "expired", "maxlen", "delivery_limit")
+SCRAPE_TIMEOUT_S = 10
+TO_DLX = ("at_most_once", "at_least_once")  # the strategies that send to a dead-letter exchange
+
+
+class CountersUnavailable(Exception):
+    """The broker's counters could not be read (plugin off, node down, too old a RabbitMQ)."""
+
+
+def parse(text) -> dict[str, float]:
+    """The counters the tally reads from one node's Prometheus text, summed over queue types:
+    ``dead_lettered:<reason>:<strategy>``, ``unroutable_dropped``, ``unroutable_returned``."""
+    series: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = sample.name
+            if not name.startswith(PREFIX) or not name.endswith("_total"):
+                continue
+            what = name[len(PREFIX) : -len("_total")]
+            if what.startswith("dead_lettered_"):
+                reason = what[len("dead_lettered_") :]
+                if reason not in REASONS:  # dead_lettered_confirmed: a transfer, not a death
+                    continue
+                strategy = sample.labels.get("dead_letter_strategy", "")
+                key = f"dead_lettered:{reason}:{strategy}"
+            elif what in ("unroutable_dropped", "unroutable_returned"):
+                key = what
+            else:
+                continue
+            series[key] = series.get(key, 0) + sample.value
+    if not any(key.startswith("dead_lettered:") for key in series):
+        raise CountersUnavailable(
+            "no rabbitmq_global_messages_dead_lettered_* counters: RabbitMQ 3.10 or later with "
+            "the rabbitmq_prometheus plugin is needed"
+        )
+    return series
+
+
+def scrape(urls=None) -> dict[str, dict[str, float]]:
+    """{node url: parse(its /metrics)}; CountersUnavailable names the node that failed."""
+    counters = {}
+    for url in urls if urls is not None else settings.RABBITMQ_PROMETHEUS_URLS:
+        try:
+            with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as response:
+                text = response.read().decode("utf-8", errors="replace")
+        except OSError as exc:
+            raise CountersUnavailable(f"{url}: {exc}") from exc
+        try:
+            counters[url] = parse(text)
+        except CountersUnavailable as exc:
+            raise CountersUnavailable(f"{url}: {exc}") from exc
+        except ValueError as exc:  # not Prometheus text
+            raise CountersUnavailable(f"{url}: not Prometheus text ({exc})") from exc
+    if not counters:
+        raise CountersUnavailable("RABBITMQ_PROMETHEUS_URLS is empty")
+    return counters
+
+
+def deltas(previous, current):
+    """Per series, how much each counter rose between two samples, summed over nodes; and the
+    nodes whose counters went back (restarted: their whole count is this interval's). A node
+    not in ``previous`` is a baseline (nothing of its count is known to be this interval's)."""
+    total: dict[str, float] = {}
+    resets = []
+    for node, series in current.items():
+        before = previous.get(node)
+        if before is None:
+            continue
+        if any(value < before.get(key, 0) for key, value in series.items()):
+            resets.append(node)
+            before = {}
+        for key, value in series.items():
+            total[key] = total.get(key, 0) + value - before.get(key, 0)
+    return total, resets
+
+
+def backlog(management=None) -> int:
+    """Dead letters the broker has delivered to Lazarus's queues that are not stored yet (ready
+    or unacked in the dead-letter queue, or parked in quarantine), over the watched vhosts."""
+    management = management or Management()
+    names = Names.from_settings()
+    waiting = 0
+    for vhost in settings.RECOVERY_VHOSTS:
+        for name in (names.dead_letters, names.quarantine):
+            waiting += management.queue(vhost, name).get("messages") or 0
+    return waiting
+
+
+# A collector batch's rows carry the time its transaction began (now()) and become visible when
+# it commits, so "stored in (previous sample, this one]" by collected_at would miss a batch that
+# began before a sample and committed after it. Instead each sample counts, in one statement
+# (one snapshot), the rows visible since a bound SETTLE_S before the previous sample and since a
+# bound SETTLE_S before itself: what the next sample subtracts. A row is counted in the interval
+# in which it became visible, exactly once, as long as no batch stays open for SETTLE_S.
+SETTLE_S = 120
+
+_STORED_SQL = """
+SELECT kind, reason,
+       count(*) FILTER (WHERE collected_at > %(since_previous)s),
+       count(*) FILTER (WHERE collected_at > %(since_now)s)
+FROM recovery_message
+WHERE collected_at > least(%(since_previous)s, %(since_now)s)
+GROUP BY kind, reason
+"""
+
+
+def stored_counts(since_previous, since_now):
+    """({kind:reason: visible rows collected after since_previous}, {... after since_now})."""
+    with connection.cursor() as cur:
+        cur.execute(_STORED_SQL, {"since_previous": since_previous, "since_now": since_now})
+        rows = cur.fetchall()
+    return (
+        {f"{kind}:{reason}": n for kind, reason, n, _ in rows if n},
+        {f"{kind}:{reason}": n for kind, reason, _, n in rows if n},
+    )
+
+
+def compare(rose, stored):
+    """{reason: {broker, discarded, stored}} for one interval: the broker's dead-letterings to a
+    DLX (at most or at least once), its discards (no DLX), and the dead letters Lazarus stored
+    (stored reasons the broker does not count, e.g. a framework's republish, go under other)."""
+    by_reason = {}
+    for reason in REASONS:
+        sent = sum(rose.get(f"dead_lettered:{reason}:{s}", 0) for s in TO_DLX)
+        gone = rose.get(f"dead_lettered:{reason}:disabled", 0)
+        kept = stored.get(("dead_letter", reason), 0)
+        if sent or gone or kept:
+            by_reason[reason] = {"broker": int(sent), "discarded": int(gone), "stored": kept}
+    other = sum(
+        n for (kind, reason), n in stored.items() if kind == "dead_letter" and reason not in REASONS
+    )
+    if other:
+        by_reason["other"] = {"broker": 0, "discarded": 0, "stored": other}
+    return by_reason
+
+
+def record(now=None, management=None) -> BrokerTally:
+    """Take one sample and compare it with the previous good one (beat, BROKER_TALLY_SECONDS)."""
+    now = now or timezone.now()
+    try:
+        counters = scrape()
+        waiting = backlog(management)
+    except Exception as exc:  # noqa: BLE001 - an unknown interval is recorded and shown
+        return BrokerTally.objects.create(taken_at=now, error=str(exc)[:2000])
+    previous = BrokerTally.objects.filter(error="", taken_at__lt=now).order_by("-taken_at").first()
+    settle = datetime.timedelta(seconds=SETTLE_S)
+    since_previous = (previous.taken_at if previous else now) - settle
+    visible, tally_base = stored_counts(since_previous, now - settle)
+    tally = BrokerTally(taken_at=now, counters=counters, backlog=waiting, stored_base=tally_base)
+    if previous is None:
+        tally.save()  # the baseline: nothing to compare yet
+        return tally
+    rose, tally.resets = deltas(previous.counters, counters)
+    # Rows that became visible since the previous sample, by (kind, reason).
+    stored = {}
+    for key, n in visible.items():
+        kind, _, reason = key.partition(":")
+        stored[(kind, reason)] = n - previous.stored_base.get(key, 0)
+    tally.by_reason = compare(rose, stored)
+    tally.interval_seconds = (now - previous.taken_at).total_seconds()
+    tally.dead_lettered = sum(r["broker"] for r in tally.by_reason.values())
+    tally.discarded = sum(r["discarded"] for r in tally.by_reason.values())
+    tally.unroutable_dropped = int(rose.get("unroutable_dropped", 0))
+    tally.unroutable_returned = int(rose.get("unroutable_returned", 0))
+    tally.stored_dead_letters = sum(r["stored"] for r in tally.by_reason.values())
+    tally.stored_unroutable = sum(n for (kind, _), n in stored.items() if kind == "unroutable")
+    tally.backlog_change = waiting - previous.backlog
+    tally.gap = tally.dead_lettered - tally.stored_dead_letters - tally.backlog_change
+    tally.save()
+    return tally
+
+
+FIGURES = (
+    "dead_lettered",
+    "stored_dead_letters",
+    "backlog_change",
+    "gap",
+    "discarded",
+    "unroutable_dropped",
+    "unroutable_returned",
+)
+
+
+def by_hour(since):
+    """Per hour since ``since``, newest first: the sums of the figures, the samples taken and
+    how many of them could not be read."""
+    return (
+        BrokerTally.objects.filter(taken_at__gte=since)
+        .annotate(hour=TruncHour("taken_at"))
+        .values("hour")
+        .annotate(
+            samples=Count("id"),
+            unreadable=Count("id", filter=~Q(error="")),
+            **{name: Sum(name) for name in FIGURES},
+        )
+        .order_by("-hour")
+    )
+
+
+def state(now=None):
+    """The tally as a whole: the newest sample, whether beat stopped sampling (stale), whether
+    the newest could not be read, and the last hour's sums."""
+    now = now or timezone.now()
+    newest = BrokerTally.objects.order_by("-taken_at").first()
+    stale_after = datetime.timedelta(seconds=3 * settings.BROKER_TALLY_SECONDS)
+    _, hour = window(60, now)
+    return {
+        "newest": newest,
+        "stale": newest is None or now - newest.taken_at > stale_after,
+        "unreadable": bool(newest and newest.error),
+        "hour": hour,
+        "lost_hour": hour["discarded"] + hour["unroutable_dropped"],
+    }
+
+
+def window(minutes, now=None):
+    """The samples of the last ``minutes``, newest first, and the sums of the readable ones (with
+    ``unknown_intervals``: how many could not be read)."""
+    now = now or timezone.now()
+    rows = list(BrokerTally.objects.filter(taken_at__gt=now - datetime.timedelta(minutes=minutes)))
+    good = [r for r in rows if not r.error and r.gap is not None]
+    sums = {name: sum(getattr(r, name) for r in good) for name in FIGURES}
+    sums["unknown_intervals"] = sum(1 for r in rows if r.error)
+    return rows, sums
+
+
+def prune(keep_days=14):
+    """Samples older than ``keep_days`` go (one a minute is ~20k rows a fortnight)."""
+    cutoff = timezone.now() - datetime.timedelta(days=keep_days)
+    return BrokerTally.objects.filter(taken_at__lt=cutoff).delete()[0]
