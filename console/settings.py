@@ -389,6 +389,10 @@ REPLAY_BREAKER_MIN_SAMPLE = env_int("REPLAY_BREAKER_MIN_SAMPLE", 20, minimum=1)
 AUDIT_PRODUCER_LOGS = env_str("AUDIT_PRODUCER_LOGS", str(BASE_DIR / "var" / "logs" / "producer"))
 AUDIT_CONSUMER_LOGS = env_str("AUDIT_CONSUMER_LOGS", str(BASE_DIR / "var" / "logs" / "consumer"))
 SPARK_MASTER = env_str("SPARK_MASTER", "local[*]")
+# Where each audit puts its store export, bindings and the job's outputs (empty: the system's
+# temporary directory). With SPARK_MASTER a cluster on other machines, it must be storage the
+# executors and the machine running the audit share: the run fails, naming it, otherwise.
+AUDIT_WORK_DIR = os.environ.get("AUDIT_WORK_DIR", "")
 SPARK_DRIVER_MEMORY = env_str("SPARK_DRIVER_MEMORY", "2g")
 # Spark's default of 200 shuffle partitions is for clusters; a nightly slice on local[*] wants few.
 SPARK_SHUFFLE_PARTITIONS = env_int("SPARK_SHUFFLE_PARTITIONS", 8, minimum=1)

@@ -383,8 +383,12 @@ def totals_dict(totals: DataFrame) -> dict:
 
 def write_outputs(outputs: dict[str, DataFrame], out_dir: str) -> dict:
     """Write every output as Parquet under ``out_dir``; returns the totals as a dict."""
+    rows = {}
     for name in OUTPUTS:
         if name not in ("totals", "manifest"):
+            # Counted here (from the checkpoint every output reads: cheap) so the reader can
+            # tell a complete output from one whose parts executors wrote to disks it cannot see.
+            rows[name] = outputs[name].count()
             outputs[name].write.mode("overwrite").parquet(os.path.join(out_dir, name))
     totals = totals_dict(outputs["totals"])
     manifest = [row.asDict() for row in outputs["manifest"].collect()]
@@ -395,6 +399,8 @@ def write_outputs(outputs: dict[str, DataFrame], out_dir: str) -> dict:
             json.dump(totals, fh, indent=2, sort_keys=True)
         with open(os.path.join(local, "manifest.json"), "w", encoding="utf-8") as fh:
             json.dump(manifest, fh, indent=2)
+        with open(os.path.join(local, "rows.json"), "w", encoding="utf-8") as fh:
+            json.dump(rows, fh, indent=2, sort_keys=True)
     return totals
 
 

@@ -180,6 +180,32 @@ def run_spark(
     return proc
 
 
+def check_outputs(out_dir):
+    """Every row the Spark job says it wrote (rows.json, counted by the job) is readable here.
+
+    On a cluster whose executors run on other machines, an output directory that is not on
+    storage they and this machine share gets its part files scattered over their local disks:
+    this side would read fewer rows (or none) and report a quiet, wrong result. It fails the run
+    instead, naming AUDIT_WORK_DIR."""
+    summary = Path(out_dir) / "rows.json"
+    if not summary.exists():
+        raise AuditError(f"the Spark job wrote no {summary.name}: its outputs cannot be checked")
+    short = []
+    for name, expected in json.loads(summary.read_text()).items():
+        folder = Path(out_dir) / name
+        parts = sorted(folder.glob("*.parquet")) if folder.exists() else []
+        found = sum(pq.read_metadata(part).num_rows for part in parts)
+        if found != expected:
+            short.append(f"{name}: {found} of {expected} rows")
+    if short:
+        raise AuditError(
+            "the Spark job's outputs are not all readable here ("
+            + "; ".join(short)
+            + "): on a cluster, AUDIT_WORK_DIR must be storage the executors and this machine "
+            "share (NFS, or a mount of the same object store)"
+        )
+
+
 def _read(out_dir, name):
     path = Path(out_dir) / name
     if not path.exists():
@@ -348,7 +374,9 @@ def run_audit(
                 "now": now.isoformat() if now else None,
             },
         )
-    workdir = Path(tempfile.mkdtemp(prefix=f"lazarus-audit-{day}-"))
+    workdir = Path(
+        tempfile.mkdtemp(prefix=f"lazarus-audit-{day}-", dir=settings.AUDIT_WORK_DIR or None)
+    )
     try:
         store_path = workdir / "store.parquet"
         store_rows = export_store(day, grace, store_path)
@@ -371,6 +399,7 @@ def run_audit(
             now=now,
             master=master,
         )
+        check_outputs(out_dir)
         load_results(run, out_dir)
         run.status = AuditRun.State.SUCCEEDED
     except Exception as exc:

@@ -236,3 +236,25 @@ def test_an_exchange_the_broker_does_not_know_is_audited_from_what_its_consumers
     ]
     assert run.config["expected_by"] == {"observed": 1}
     assert run.config["observed"][0]["consumer_group"] == "ledger"
+
+
+def test_outputs_a_cluster_wrote_where_this_machine_cannot_read_fail_the_run(tmp_path):
+    """Executors on other machines writing to a directory that is not shared leave their parts on
+    their own disks: fewer rows here than the job counted is an error, never a smaller result."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from recovery.audit.run import check_outputs
+    from recovery.errors import AuditError
+
+    (tmp_path / "lost").mkdir()
+    pq.write_table(pa.table({"message_id": ["a", "b"]}), tmp_path / "lost" / "part-0.parquet")
+    (tmp_path / "rows.json").write_text(json.dumps({"lost": 2, "windows": 0}))
+    check_outputs(tmp_path)  # all there (an empty output may have no folder at all)
+
+    (tmp_path / "rows.json").write_text(json.dumps({"lost": 5, "windows": 0}))
+    with pytest.raises(AuditError, match=r"lost: 2 of 5 rows.*AUDIT_WORK_DIR"):
+        check_outputs(tmp_path)
+    (tmp_path / "rows.json").unlink()
+    with pytest.raises(AuditError, match="rows.json"):
+        check_outputs(tmp_path)
