@@ -57,18 +57,21 @@ class MessageFilterForm(forms.Form):
         return apply_filters(queryset, self.cleaned_data)
 
 
+# The equality filters and the message column each one matches (the counts rollup has the same
+# columns: recovery/search/groups.py answers these from it).
+FILTER_COLUMNS = {
+    "kind": "kind",
+    "queue": "source_queue",
+    "exchange": "source_exchange",
+    "reason": "reason",
+    "status": "status",
+    "vhost": "vhost",
+    "group": "group_key",
+}
+
+
 def apply_filters(queryset, data):
-    lookups = {
-        "kind": "kind",
-        "queue": "source_queue",
-        "exchange": "source_exchange",
-        "reason": "reason",
-        "status": "status",
-        "vhost": "vhost",
-        "group": "group_key",
-        "since": "collected_at__gte",
-        "until": "collected_at__lt",
-    }
+    lookups = {**FILTER_COLUMNS, "since": "collected_at__gte", "until": "collected_at__lt"}
     for field, lookup in lookups.items():
         value = data.get(field)
         if value not in (None, ""):

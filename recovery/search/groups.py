@@ -10,19 +10,12 @@ from django.db.models import Count, Max, Min, Q, Sum
 from django.db.models.functions import Coalesce
 
 from recovery.models import OPEN, Kind, Message, MessageCount, Status
-from recovery.search.filters import apply_filters, narrow_search
+from recovery.search.filters import FILTER_COLUMNS, apply_filters, narrow_search
 
 TOP_QUEUES = 50
-# Filters the trigger-kept rollup (MessageCount) can answer, and its column for each.
-ROLLUP_COLUMNS = {
-    "kind": "kind",
-    "queue": "source_queue",
-    "exchange": "source_exchange",
-    "reason": "reason",
-    "status": "status",
-    "vhost": "vhost",
-    "group": "group_key",
-}
+# Filters the trigger-kept rollup (MessageCount) can answer: every equality filter, on the
+# columns of the same names.
+ROLLUP_COLUMNS = FILTER_COLUMNS
 
 
 def _on_the_hour(moment):
