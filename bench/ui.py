@@ -55,7 +55,7 @@ from recovery.broker.management import Management  # noqa: E402
 from recovery.broker.topology import wire  # noqa: E402
 from recovery.collector.rows import ROW_COLUMNS, failure_group  # noqa: E402
 from recovery.db import database_conninfo  # noqa: E402
-from recovery.models import MessageCount  # noqa: E402
+from recovery.models import MessageCount, MessageTotal  # noqa: E402
 from recovery.search import index as search_index  # noqa: E402
 
 # groups (GET /api/v1/groups) has no target in the issues: an aggregate like the overview, it is
@@ -196,8 +196,10 @@ def load(n, groups=0):
         print(f"  search index built ({time.perf_counter() - started:.0f} s)", flush=True)
         pg.execute("VACUUM ANALYZE recovery_message")
     MessageCount.compact()
+    MessageTotal.compact()
     with psycopg.connect(database_conninfo(), autocommit=True) as pg:
         pg.execute("VACUUM ANALYZE recovery_messagecount")
+        pg.execute("VACUUM ANALYZE recovery_messagetotal")
     print(f"  load + vacuum: {time.perf_counter() - started:.0f} s", flush=True)
 
 
@@ -317,7 +319,7 @@ def scenarios(runs, rng):
             ["/metrics"] * runs,
             [
                 (
-                    "SELECT kind, reason, status, sum(n) FROM recovery_messagecount "
+                    "SELECT kind, reason, status, sum(n) FROM recovery_messagetotal "
                     "GROUP BY 1, 2, 3",
                     [],
                 )
@@ -390,9 +392,15 @@ def main():
     else:
         print(f"reusing {stored} messages ({groups} groups) in {BENCH_DB}", flush=True)
     MessageCount.compact()  # what Celery beat does every minute (and autovacuum after it)
+    MessageTotal.compact()
     with psycopg.connect(database_conninfo(), autocommit=True) as pg:
         pg.execute("VACUUM ANALYZE recovery_messagecount")
-    print(f"MessageCount rows: {MessageCount.objects.count()}", flush=True)
+        pg.execute("VACUUM ANALYZE recovery_messagetotal")
+    print(
+        f"MessageCount rows: {MessageCount.objects.count()}, "
+        f"MessageTotal rows: {MessageTotal.objects.count()}",
+        flush=True,
+    )
 
     from django.contrib.auth import get_user_model
 

@@ -30,7 +30,7 @@ from recovery.models import (
     AlertRule,
     AuditRun,
     CollectorHeartbeat,
-    MessageCount,
+    MessageTotal,
     Notification,
     NotificationChannel,
     ReplayJob,
@@ -80,7 +80,7 @@ class StoreCollector:
             "Messages in the store by kind, reason and status",
             labels=["kind", "reason", "status"],
         )
-        rows = MessageCount.objects.values("kind", "reason", "status").annotate(n=Sum("n"))
+        rows = MessageTotal.objects.values("kind", "reason", "status").annotate(n=Sum("n"))
         for row in rows.order_by("kind", "reason", "status"):
             if row["n"]:
                 stored.add_metric([row["kind"], row["reason"] or "", row["status"]], row["n"])
@@ -92,7 +92,7 @@ class StoreCollector:
             labels=["vhost", "queue"],
         )
         per_queue = list(
-            MessageCount.objects.filter(status__in=OPEN)
+            MessageTotal.objects.filter(status__in=OPEN)
             .values("vhost", "source_queue")
             .annotate(n=Sum("n"))
             .filter(n__gt=0)

@@ -1,12 +1,12 @@
 """One check per alert kind: is its condition true now, with a value, a one-line summary and the
 items behind it (group keys, job ids, queue names). Each reads an aggregate the store already
-keeps (``MessageCount`` sums, the heartbeat table, the newest audit) or one management API
+keeps (``MessageTotal`` sums, the heartbeat table, the newest audit) or one management API
 call, so a cycle of rules stays cheap at a million stored messages.
 
 Parameters per kind (``AlertRule.params``) and the scope fields each honours:
 
 - new_failure_group: ``window_minutes`` (60): groups whose first message is that recent
-  (hour resolution: the counts table's). Scope: vhost, queue, exchange.
+  (hour resolution: the totals table's). Scope: vhost, queue, exchange.
 - open_messages: ``threshold`` (0): open (pending, poisoned, replaying) messages above it.
   Scope: vhost, queue, exchange, group_key.
 - open_growth: ``per_minute`` (100), ``window_minutes`` (10): messages collected in the window
@@ -31,7 +31,7 @@ import datetime
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.db.models import Min, Q, Sum
+from django.db.models import Exists, Min, OuterRef, Q, Sum
 
 from recovery.broker import health as broker_health
 from recovery.broker import tally
@@ -44,7 +44,7 @@ from recovery.models import (
     AuditRun,
     CollectorHeartbeat,
     Message,
-    MessageCount,
+    MessageTotal,
     ReplayJob,
 )
 
@@ -87,11 +87,18 @@ def _count_scope(rule, prefix=""):
 def new_failure_group(rule, now, management):
     window = datetime.timedelta(minutes=rule.params.get("window_minutes", 60))
     since = (now - window).replace(minute=0, second=0, microsecond=0)
+    scope = _count_scope(rule)
+    # Groups with a row first counted since then, and none (in the scope) counted before: two
+    # index ranges, not a GROUP BY over every group.
+    older = MessageTotal.objects.filter(
+        scope, group_key=OuterRef("group_key"), first_hour__lt=since
+    )
     rows = (
-        MessageCount.objects.filter(_count_scope(rule))
+        MessageTotal.objects.filter(scope, first_hour__gte=since)
+        .filter(~Exists(older))
         .values("group_key")
-        .annotate(first=Min("hour"), n=Sum("n"))
-        .filter(first__gte=since, n__gt=0)
+        .annotate(first=Min("first_hour"), n=Sum("n"))
+        .filter(n__gt=0)
         .order_by("-first")
     )
     keys = [row["group_key"] for row in rows[:ITEMS_KEPT]]
@@ -102,7 +109,7 @@ def new_failure_group(rule, now, management):
 def open_messages(rule, now, management):
     threshold = rule.params.get("threshold", 0)
     n = (
-        MessageCount.objects.filter(_count_scope(rule), status__in=OPEN).aggregate(n=Sum("n"))["n"]
+        MessageTotal.objects.filter(_count_scope(rule), status__in=OPEN).aggregate(n=Sum("n"))["n"]
         or 0
     )
     return Check(n > threshold, n, f"{n} open message(s) (threshold {threshold})")

@@ -91,3 +91,25 @@ class Management:
 
     def overview(self):
         return self.request("GET", "/overview")
+
+
+class CachedReads(Management):
+    """A Management whose GETs are answered once each: one alert evaluation cycle asks the
+    same questions (nodes, connections, a vhost's queues) for several rules."""
+
+    def __init__(self, url=None, timeout=10):
+        super().__init__(url, timeout)
+        self._answers = {}
+
+    def request(self, method, path, payload=None):
+        if method != "GET":
+            return super().request(method, path, payload)
+        if path not in self._answers:
+            try:
+                self._answers[path] = (True, super().request(method, path, payload))
+            except ManagementError as exc:
+                self._answers[path] = (False, exc)
+        ok, answer = self._answers[path]
+        if not ok:
+            raise answer
+        return answer

@@ -230,6 +230,19 @@ def test_a_new_failure_group_fires_and_a_second_one_updates(receiver):
     assert set(groups.last_items) == {"g-first", "g-second"}
 
 
+def test_a_group_seen_before_the_window_is_not_new_even_if_it_fails_again():
+    earlier = timezone.now() - datetime.timedelta(hours=5)
+    groups = rule("new_failure_group", queue="alerts-old", params={"window_minutes": 60})
+    make_message(source_queue="alerts-old", group_key="g-old", collected_at=earlier)
+    make_message(source_queue="alerts-old", group_key="g-old")  # the same failure, again now
+    make_message(source_queue="elsewhere", group_key="g-out-of-scope")
+    assert evaluate()[groups.pk] is None
+    make_message(source_queue="alerts-old", group_key="g-new")
+    assert evaluate()[groups.pk] == "firing"
+    groups.refresh_from_db()
+    assert groups.last_items == ["g-new"]
+
+
 def test_paused_jobs_and_audits_that_could_not_decide_fire():
     jobs = rule("replay_job")
     audits = rule("audit", params={"missing_after": "00:00"})

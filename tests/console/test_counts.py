@@ -142,3 +142,61 @@ def test_compact_folds_hours_older_than_two_days_into_days():
     assert len(hours) == 2  # and the recent hour stays an hour
     assert rollup() == recount()
     assert trend(now, 7, 24) == week_before and trend(now, 24, 1) == day_before
+
+
+# ---- MessageTotal: the same counts without the hour, for what needs totals only (#17) ----------
+
+
+def totals():
+    from recovery.models import MessageTotal
+
+    rows = MessageTotal.objects.values(*KEY).annotate(total=Sum("n")).filter(total__gt=0)
+    return {tuple(r[k] for k in KEY): r["total"] for r in rows}
+
+
+def test_totals_count_inserts_status_changes_deletes_and_keep_the_first_hour():
+    from django.db.models import Min
+
+    from recovery.models import MessageTotal
+
+    early = datetime.datetime(2026, 3, 1, 10, 30, tzinfo=datetime.UTC)
+    first = make_message(source_queue="t", collected_at=early)
+    make_message(source_queue="t", collected_at=early + datetime.timedelta(hours=5))
+    make_message(source_queue="u", reason="expired")
+    assert totals() == recount()
+
+    Message.objects.filter(pk=first.pk).update(status="replayed")
+    Message.objects.filter(source_queue="u").update(status="discarded")
+    assert totals() == recount()
+    removed = MessageTotal.compact()
+    assert removed > 0 and totals() == recount()
+    assert not MessageTotal.objects.filter(n=0).exists()
+    assert MessageTotal.compact() == 0
+    first_hour = MessageTotal.objects.filter(source_queue="t").aggregate(m=Min("first_hour"))
+    assert first_hour["m"] == early.replace(minute=0)
+
+    Message.objects.filter(source_queue="t").delete()
+    assert totals() == recount()
+    MessageTotal.compact()
+    assert not MessageTotal.objects.filter(source_queue="t").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_totals_count_the_collectors_copy_path():
+    from recovery.collector.rows import delivery_to_row
+    from recovery.models import MessageTotal
+
+    props = pika.BasicProperties(
+        message_id="copy-t", headers={"x-death": [{"queue": "q9", "reason": "rejected"}]}
+    )
+    rows = [
+        delivery_to_row("/", "recovery.dead_letters", "recovery.dlx", "q9", props, body)
+        for body in (b"one", b"two", b"three")
+    ]
+    with psycopg.connect(database_conninfo(), autocommit=True) as pg:
+        assert store_rows(pg, rows) == 3
+        assert store_rows(pg, rows) == 0
+    assert totals() == recount()
+    MessageTotal.objects.all().delete()
+    MessageTotal.rebuild()
+    assert totals() == recount()
