@@ -58,24 +58,8 @@ def queue_notifications(rule, event, now, check=None):
     return len(channels)
 
 
-# What an evaluation changes on a rule (saved for the whole cycle in one statement).
-EVALUATED_FIELDS = [
-    "state",
-    "state_since",
-    "condition_since",
-    "last_value",
-    "last_summary",
-    "last_items",
-    "last_error",
-    "last_evaluated_at",
-    "last_notified_at",
-]
-
-
 def evaluate_rule(rule, now, management) -> str | None:
-    """Evaluate one rule; returns the event notified (firing, resolved, reminder, updated).
-    Writes its transitions and notifications; the rule's own fields are the caller's to save
-    (EVALUATED_FIELDS)."""
+    """Evaluate one rule; returns the event notified (firing, resolved, reminder, updated)."""
     try:
         check = run_check(rule, now, management)
     except Exception as exc:  # noqa: BLE001 - said on the rule, never taken for "ok"
@@ -84,6 +68,7 @@ def evaluate_rule(rule, now, management) -> str | None:
             AlertTransition.objects.create(rule=rule, at=now, state="error", summary=error)
         rule.last_error = error
         rule.last_evaluated_at = now
+        rule.save(update_fields=["last_error", "last_evaluated_at"])
         log.warning("alert rule %s could not be evaluated: %s", rule.pk, error)
         return None
     event = None
@@ -115,6 +100,7 @@ def evaluate_rule(rule, now, management) -> str | None:
     rule.last_evaluated_at = now
     if event and not rule.muted(now):
         queue_notifications(rule, event, now, check)
+    rule.save()
     return event
 
 
@@ -130,14 +116,10 @@ def evaluate(now=None, management=None) -> dict:
     with transaction.atomic():
         # Locked: two beat ticks (or a manual run) never notify the same transition twice.
         rules = AlertRule.objects.select_for_update(skip_locked=True).filter(enabled=True)
-        evaluated = []
         for rule in rules.order_by("pk"):
             try:
                 with transaction.atomic():
                     events[rule.pk] = evaluate_rule(rule, now, management)
             except DatabaseError:
                 log.exception("alert rule %s: its evaluation could not be saved", rule.pk)
-            else:
-                evaluated.append(rule)
-        AlertRule.objects.bulk_update(evaluated, EVALUATED_FIELDS)
     return events
