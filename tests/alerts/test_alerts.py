@@ -363,3 +363,15 @@ def test_everyone_sees_rules_admins_change_them(client, api, viewer, admin_user,
     )
     assert made.status_code == 201, made.content
     assert made.json()["state"] == "ok"
+
+
+def test_an_unchanged_rule_is_still_marked_evaluated_every_cycle():
+    quiet = rule("open_messages", params={"threshold": 10**9})
+    first = timezone.now()
+    evaluate(now=first)
+    quiet.refresh_from_db()
+    assert quiet.last_evaluated_at == first and quiet.state == "ok"
+    later = first + datetime.timedelta(seconds=30)
+    evaluate(now=later)  # nothing changed but the time it was looked at
+    quiet.refresh_from_db()
+    assert quiet.last_evaluated_at == later and quiet.unchecked == ""
