@@ -130,6 +130,15 @@ if DATABASE_POOLED:
 
 # The broker Lazarus watches. Its vhost is the default vhost for the collector and replays.
 RABBITMQ_URL = env_url("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F", ("amqp", "amqps"))
+# The other nodes of its cluster ("host:port", comma-separated; credentials and vhost are
+# RABBITMQ_URL's). Every AMQP connection Lazarus opens (collector, replay publisher, wire,
+# Celery's) tries RABBITMQ_URL's node first, then these, and on a lost connection reconnects to
+# the next one that answers (docs/production.md, "A RabbitMQ cluster").
+RABBITMQ_NODES = env_list("RABBITMQ_NODES", [])
+for _node in RABBITMQ_NODES:
+    _host, _, _port = _node.rpartition(":")
+    if not _host or not _port.isdigit():
+        raise ImproperlyConfigured(f"RABBITMQ_NODES: {_node!r} is not host:port")
 RABBITMQ_MANAGEMENT_URL = env_url(
     "RABBITMQ_MANAGEMENT_URL", "http://guest:guest@127.0.0.1:15672", ("http", "https")
 )
@@ -437,7 +446,18 @@ EMAIL_TIMEOUT = 10
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "lazarus@localhost")
 
 # Celery task traffic uses the same RabbitMQ unless CELERY_BROKER_URL says otherwise.
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", RABBITMQ_URL)
+# With RABBITMQ_NODES, kombu's failover list (";"-separated): Celery reconnects to the next node.
+_rabbit = urlparse(RABBITMQ_URL)
+CELERY_BROKER_URL = env_str(
+    "CELERY_BROKER_URL",
+    ";".join(
+        [RABBITMQ_URL]
+        + [
+            _rabbit._replace(netloc=_rabbit.netloc.rpartition("@")[0] + "@" + node).geturl()
+            for node in RABBITMQ_NODES
+        ]
+    ),
+)
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_TASK_DEFAULT_QUEUE", "lazarus.tasks")

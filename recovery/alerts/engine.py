@@ -11,6 +11,7 @@ and is shown: an unknown is never taken for ok.
 
 import datetime
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 from django.conf import settings
 from django.db import DatabaseError, transaction
@@ -76,21 +77,11 @@ def _state(rule):
     return tuple(getattr(rule, name) for name in STATE_FIELDS)
 
 
-def evaluate_rule(rule, now, management) -> str | None:
-    """Evaluate one rule; returns the event notified (firing, resolved, reminder, updated).
-    Saves the rule only when its state, value, summary, items or error changed."""
-    before = _state(rule)
-    try:
-        check = run_check(rule, now, management)
-    except Exception as exc:  # noqa: BLE001 - said on the rule, never taken for "ok"
-        error = f"{type(exc).__name__}: {exc}"[:1000]
-        if error != rule.last_error:
-            AlertTransition.objects.create(rule=rule, at=now, state="error", summary=error)
-        rule.last_error = error
-        rule.last_evaluated_at = now
-        if _state(rule) != before:
-            rule.save(update_fields=["last_error", "last_evaluated_at"])
-        log.warning("alert rule %s could not be evaluated: %s", rule.pk, error)
+def decide(rule, now, check) -> str | None:
+    """Apply one rule's check (a Check, or the exception its check raised) to the rule in
+    memory; returns the event to notify (firing, resolved, reminder, updated) or None."""
+    if isinstance(check, Exception):
+        rule.last_error = f"{type(check).__name__}: {check}"[:1000]
         return None
     event = None
     held = datetime.timedelta(seconds=rule.for_seconds)
@@ -112,37 +103,81 @@ def evaluate_rule(rule, now, management) -> str | None:
             rule.remind_every
         ):
             event = "reminder"
+    rule.last_value, rule.last_summary, rule.last_items = check.value, check.summary, check.items
+    rule.last_error = ""
+    if rule.muted(now) and event not in ("firing", "resolved"):
+        # Muted: the state still changes (and is returned), but nothing is said, so there is
+        # nothing to remind of or update.
+        event = None
+    return event
+
+
+def persist(rule, now, check, event):
+    """Write what ``decide`` changed: the transition, the notifications, the rule."""
+    rule.last_evaluated_at = now
+    if isinstance(check, Exception):
+        AlertTransition.objects.create(rule=rule, at=now, state="error", summary=rule.last_error)
+        rule.save(update_fields=["last_error", "last_evaluated_at"])
+        log.warning("alert rule %s could not be evaluated: %s", rule.pk, rule.last_error)
+        return
     if event in ("firing", "resolved"):
         AlertTransition.objects.create(
             rule=rule, at=now, state=rule.state, value=check.value, summary=check.summary
         )
-    rule.last_value, rule.last_summary, rule.last_items = check.value, check.summary, check.items
-    rule.last_error = ""
-    rule.last_evaluated_at = now
     if event and not rule.muted(now):
         queue_notifications(rule, event, now, check)
-    if _state(rule) != before:
-        rule.save()
-    return event
+    rule.save()
+
+
+# The kinds whose check reads the broker's management API and never the database: a cycle runs
+# them on a thread of their own beside the database checks (their HTTP round trips overlap the
+# queries instead of adding to them). Their answers are shared (``CachedReads``).
+BROKER_ONLY = frozenset(
+    {"broker_alarm", "queue_without_consumers", "collector_lag", "uncovered_queues"}
+)
+
+
+def _check(rule, now, management):
+    try:
+        return run_check(rule, now, management)
+    except Exception as exc:  # noqa: BLE001 - said on the rule, never taken for "ok"
+        return exc
+
+
+def check_all(rules, now, management) -> dict:
+    """{rule id: Check, or the exception its check raised}; reads only."""
+    broker = [r for r in rules if r.kind in BROKER_ONLY]
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        on_broker = pool.submit(lambda: {r.pk: _check(r, now, management) for r in broker})
+        checks = {r.pk: _check(r, now, management) for r in rules if r.kind not in BROKER_ONLY}
+        checks.update(on_broker.result())
+    return checks
 
 
 def evaluate(now=None, management=None) -> dict:
     """Evaluate every enabled rule; {rule id: event or None}.
 
-    One transaction for the cycle (one commit, not one per rule: at 20 rules the commits cost
-    more than the checks), a savepoint per rule so one rule's failure leaves the others' work;
-    only rules whose state changed are saved, the rest get last_evaluated_at in one UPDATE.
-    The management API's answers are shared by the cycle's rules (``CachedReads``)."""
+    The checks only read, outside any transaction. Then one transaction (one commit, not one per
+    rule: at 20 rules the commits cost more than the checks) locks the rules, decides, and writes
+    only the rules whose state, value, summary, items or error changed, each under a savepoint
+    (one rule that cannot be saved leaves the others' work); every rule gets last_evaluated_at
+    in one UPDATE."""
     now = now or timezone.now()
     management = management or CachedReads()
+    checks = check_all(list(AlertRule.objects.filter(enabled=True)), now, management)
     events = {}
     with transaction.atomic():
-        # Locked: two beat ticks (or a manual run) never notify the same transition twice.
-        rules = AlertRule.objects.select_for_update(skip_locked=True).filter(enabled=True)
+        # Locked, and read again: two beat ticks (or a manual run) never notify the same
+        # transition twice; the second decides on the state the first saved.
+        rules = AlertRule.objects.select_for_update(skip_locked=True).filter(pk__in=list(checks))
         for rule in rules.order_by("pk"):
+            before = _state(rule)
+            event = events[rule.pk] = decide(rule, now, checks[rule.pk])
+            if event is None and _state(rule) == before:
+                continue
             try:
                 with transaction.atomic():
-                    events[rule.pk] = evaluate_rule(rule, now, management)
+                    persist(rule, now, checks[rule.pk], event)
             except DatabaseError:
                 log.exception("alert rule %s: its evaluation could not be saved", rule.pk)
         # Every rule looked at, saved or not, in one statement (the "unknown" badge reads it).

@@ -84,7 +84,8 @@ class IdempotentConsumer:
         self.prefetch = prefetch
         self.max_attempts = max_attempts
         self.name = name or f"{group}@{socket.gethostname()}-{os.getpid()}-{next(_instances)}"
-        self._params = pika.URLParameters(url)
+        # A cluster: one URL per node; each connection goes to the first that answers.
+        self._params = [pika.URLParameters(u) for u in ([url] if isinstance(url, str) else url)]
         self._dedup = make_dedup(group, dedup)
         self._handler_takes_db = self._dedup.passes_db and _positional_arity(handler) >= 2
         self._log = ConsumerLog(log_dir, group, self.name, queue)

@@ -26,6 +26,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import pika
@@ -61,7 +62,7 @@ class ReliablePublisher:
 
     def __init__(
         self,
-        url,
+        url: str | Sequence[str],
         producer,
         log_dir=None,
         window=WINDOW,
@@ -80,7 +81,11 @@ class ReliablePublisher:
         self.returns_queue = returns_queue
         self.give_up_after = give_up_after or confirm_timeout * max_attempts
         self.declare_returns_queue = declare_returns_queue
-        self._params = pika.URLParameters(url)
+        # A cluster: one URL per node, taken in turn on each reconnect.
+        self._nodes = [pika.URLParameters(u) for u in ([url] if isinstance(url, str) else url)]
+        if not self._nodes:
+            raise ValueError("ReliablePublisher needs at least one broker URL")
+        self._node = 0
         self._log = ProducerLog(log_dir, producer)
         self._outbox = Outbox(outbox_dsn) if outbox_dsn else None
         self._store = SendingStore(store_dsn, producer) if store_dsn else None
@@ -187,7 +192,7 @@ class ReliablePublisher:
         if self._stopping:
             return
         self._connection = pika.SelectConnection(
-            self._params,
+            self._nodes[self._node % len(self._nodes)],
             on_open_callback=self._on_open,
             on_open_error_callback=self._on_open_error,
             on_close_callback=self._on_connection_closed,
@@ -198,6 +203,7 @@ class ReliablePublisher:
         if self._stopping:
             self._ioloop.stop()
             return
+        self._node += 1
         self._ioloop.call_later(self._backoff, self._connect)
         self._backoff = min(self._backoff * 2, RECONNECT_MAX_S)
 

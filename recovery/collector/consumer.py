@@ -32,7 +32,7 @@ import pika.exceptions
 import psycopg
 from django.conf import settings
 
-from recovery.broker.connection import amqp_parameters
+from recovery.broker.connection import cluster_parameters
 from recovery.broker.topology import Names
 from recovery.collector.rows import delivery_to_row, source_of
 from recovery.collector.writer import (
@@ -173,7 +173,7 @@ class SourceCollector(threading.Thread):
 
     def drain(self):
         """Consume until stopped or a connection fails (``run`` reconnects)."""
-        connection = pika.BlockingConnection(amqp_parameters(self.vhost, heartbeat=HEARTBEAT))
+        connection = pika.BlockingConnection(cluster_parameters(self.vhost, heartbeat=HEARTBEAT))
         session = Session(self, connection)
         self.in_flight = self.next_seq = self.ack_seq = 0
         self.stored_out_of_order = {}

@@ -236,28 +236,22 @@ def _route_label(exchange, routing_key):
     return f"{exchange or '(default exchange)'} → {_NUMBERS.sub('#', routing_key)}"
 
 
-def delivery_to_row(
-    vhost, queue, exchange, routing_key, properties, body, *, source=None, poison_threshold=3
-):
-    """A delivery from one of the recovery queues -> a StoreRow.
+class _Origin(NamedTuple):
+    kind: str
+    reason: str
+    source_queue: str
+    source_exchange: str
+    routing_keys: list
+    where: str  # what the failure group is named after: the queue, else exchange + route
+    death_count: int
+    first_at: datetime.datetime | None
+    last_at: datetime.datetime | None
 
-    ``queue`` is the recovery queue it was consumed from and ``source`` which one it is
-    (DEAD_LETTERS, UNROUTED or RETURNS; looked up in the settings when not given).
-    """
-    source = source or source_of(queue)
-    headers = properties.headers
-    if headers is None:
-        headers = {}
-    elif isinstance(headers, header_codec.UndecodableHeaders):  # an empty dict: check first
-        raise UnstorableDelivery(
-            f"headers nested too deep to decode ({len(headers.raw)} B table, kept as received)"
-        )
-    body = bytes(body or b"")
-    headers_json = header_codec.headers_to_json(headers)
-    properties_json = properties_to_json(properties)
+
+def _origin(source, headers, exchange, routing_key) -> _Origin:
+    """Where a delivery failed and why, from the recovery queue it came from and its headers."""
     death = first_at = None
     death_count = 0
-
     if source == DEAD_LETTERS:
         kind = "dead_letter"
         death, reason, source_queue, source_exchange, routing_keys = _dead_letter_origin(
@@ -292,6 +286,40 @@ def delivery_to_row(
         reason = "unknown"
     if death is not None:
         death_count, first_at = death["count"], death["first_at"]
+    return _Origin(
+        kind,
+        reason,
+        source_queue,
+        source_exchange,
+        routing_keys,
+        where,
+        death_count,
+        first_at,
+        death["last_at"] if death else None,
+    )
+
+
+def delivery_to_row(
+    vhost, queue, exchange, routing_key, properties, body, *, source=None, poison_threshold=3
+):
+    """A delivery from one of the recovery queues -> a StoreRow.
+
+    ``queue`` is the recovery queue it was consumed from and ``source`` which one it is
+    (DEAD_LETTERS, UNROUTED or RETURNS; looked up in the settings when not given).
+    """
+    source = source or source_of(queue)
+    headers = properties.headers
+    if headers is None:
+        headers = {}
+    elif isinstance(headers, header_codec.UndecodableHeaders):  # an empty dict: check first
+        raise UnstorableDelivery(
+            f"headers nested too deep to decode ({len(headers.raw)} B table, kept as received)"
+        )
+    body = bytes(body or b"")
+    headers_json = header_codec.headers_to_json(headers)
+    properties_json = properties_to_json(properties)
+    origin = _origin(source, headers, exchange, routing_key)
+    reason = origin.reason
 
     for name in DELIVERY_SCOPED_HEADERS:
         headers_json.pop(name, None)
@@ -302,17 +330,17 @@ def delivery_to_row(
     origin_id = _as_int(headers.get("x-recovery-origin"), 0) or None
     if origin_id is not None and not 0 < origin_id < 2**63:
         origin_id = None
-    group_key, group_label = failure_group(where, reason, headers)
+    group_key, group_label = failure_group(origin.where, reason, headers)
     return StoreRow(
-        kind=kind,
+        kind=origin.kind,
         vhost=vhost,
-        source_queue=source_queue,
-        source_exchange=source_exchange,
-        routing_keys=_dumps(routing_keys),
+        source_queue=origin.source_queue,
+        source_exchange=origin.source_exchange,
+        routing_keys=_dumps(origin.routing_keys),
         reason=reason,
-        death_count=min(death_count, 2**31 - 1),
-        first_death_at=first_at,
-        last_death_at=death["last_at"] if death else None,
+        death_count=min(origin.death_count, 2**31 - 1),
+        first_death_at=origin.first_at,
+        last_death_at=origin.last_at,
         message_id=_text(properties.message_id, 255),
         correlation_id=_text(properties.correlation_id, 255),
         properties=properties_text,

@@ -21,7 +21,7 @@ import psycopg
 import psycopg.errors
 
 from recovery import db
-from recovery.broker.connection import amqp_parameters
+from recovery.broker.connection import cluster_parameters
 from recovery.broker.topology import QUORUM
 from recovery.client.headers import UndecodableHeaders
 from recovery.collector.rows import store_rows
@@ -111,7 +111,7 @@ class Quarantine:
     def publish(self, properties, body, reason, source_queue):
         if self.channel is None or not self.channel.is_open:
             self.close()
-            self.connection = pika.BlockingConnection(amqp_parameters(self.vhost, heartbeat=30))
+            self.connection = pika.BlockingConnection(cluster_parameters(self.vhost, heartbeat=30))
             self.channel = self.connection.channel()
             # Declared here too: with nowhere to put a message, it could never be acked.
             self.channel.queue_declare(self.queue, durable=True, arguments=QUORUM)

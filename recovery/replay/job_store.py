@@ -150,6 +150,24 @@ class Claimed:
         self.routing_keys = [] if first_key is None else [first_key]
 
 
+def sort_claims(items, rows, held, allowed_statuses):
+    """Pending items against their messages' rows now: (claimed, {item id: why skipped})."""
+    claimed, skipped = [], {}
+    for item_id, message_id, snapshot in items:
+        row = rows.get(message_id)
+        if row is None:  # deleted by raw SQL (Django deletes a message's items with it)
+            skipped[item_id] = "skipped: the message no longer exists"
+        elif message_id in held:
+            skipped[item_id] = f"skipped: held by job #{held[message_id]}"
+        elif row[1] not in allowed_statuses:
+            skipped[item_id] = f"skipped: the message is {row[1]} now"
+        elif row[2] != snapshot:
+            skipped[item_id] = "skipped: replayed by someone else since the job was created"
+        else:
+            claimed.append(Claimed(item_id, row))
+    return claimed, skipped
+
+
 class JobStore:
     def __init__(self, job_id, runner_id, conninfo=None):
         self.job_id = job_id
@@ -357,41 +375,29 @@ class JobStore:
                     (id_array(message_ids), self.job_id),
                 ).fetchall()
             )
-            claimed, skipped_ids, skipped_details = [], [], []
-            for item_id, message_id, snapshot in items:
-                row = rows.get(message_id)
-                if row is None:  # deleted by raw SQL (Django deletes a message's items with it)
-                    why = "skipped: the message no longer exists"
-                elif message_id in held:
-                    why = f"skipped: held by job #{held[message_id]}"
-                elif row[1] not in allowed_statuses:
-                    why = f"skipped: the message is {row[1]} now"
-                elif row[2] != snapshot:
-                    why = "skipped: replayed by someone else since the job was created"
-                else:
-                    claimed.append(Claimed(item_id, row))
-                    continue
-                skipped_ids.append(item_id)
-                skipped_details.append(why)
-            if claimed:
-                pg.execute(
-                    f"UPDATE {ITEM} SET state = 'claimed', claimed_by = %s, claimed_at = now() "
-                    "WHERE id = ANY(%s::bigint[])",
-                    (self.runner_id, id_array([c.item_id for c in claimed])),
-                )
-            if skipped_ids:
-                pg.execute(
-                    f"""
-                    UPDATE {ITEM} i SET state = 'skipped', detail = d.detail, finished_at = now()
-                    FROM unnest(%s::bigint[], %s::text[]) AS d (id, detail) WHERE i.id = d.id
-                    """,
-                    (skipped_ids, skipped_details),
-                )
-                pg.execute(
-                    f"UPDATE {JOB} SET skipped = skipped + %s WHERE id = %s",
-                    (len(skipped_ids), self.job_id),
-                )
-            return claimed, len(skipped_ids), True
+            claimed, skipped = sort_claims(items, rows, held, allowed_statuses)
+            self._mark_claimed(pg, claimed, skipped)
+            return claimed, len(skipped), True
+
+    def _mark_claimed(self, pg, claimed, skipped):
+        if claimed:
+            pg.execute(
+                f"UPDATE {ITEM} SET state = 'claimed', claimed_by = %s, claimed_at = now() "
+                "WHERE id = ANY(%s::bigint[])",
+                (self.runner_id, id_array([c.item_id for c in claimed])),
+            )
+        if skipped:
+            pg.execute(
+                f"""
+                UPDATE {ITEM} i SET state = 'skipped', detail = d.detail, finished_at = now()
+                FROM unnest(%s::bigint[], %s::text[]) AS d (id, detail) WHERE i.id = d.id
+                """,
+                (list(skipped), list(skipped.values())),
+            )
+            pg.execute(
+                f"UPDATE {JOB} SET skipped = skipped + %s WHERE id = %s",
+                (len(skipped), self.job_id),
+            )
 
     def record(self, results, user_id, via):
         """Write outcomes: results are (item_id, message_id, outcome, detail, exchange, key).

@@ -40,6 +40,37 @@ QUEUED_PATIENCE_LEASES = 10
 # ---- the interface the console and the API call -----------------------------------------------
 
 
+def _check_canary_outlasts_delay(options, target):
+    delay = target.delay_seconds or 0
+    if options["canary_size"] and delay and options["canary_pause_seconds"] <= delay:
+        # The canary would be judged before its messages even reached the consumer.
+        raise ValidationError(
+            {
+                "canary_pause_seconds": "with a delay, the canary pause must be longer than the "
+                f"delay ({delay}s)"
+            }
+        )
+
+
+def _log_creation(job, user, via):
+    Activity.objects.create(
+        user=user,
+        action="job_created",
+        job=job,
+        via=via,
+        detail={
+            "filters": job.filters,
+            "message_ids": len(job.message_ids),
+            "group_key": job.group_key,
+            "target": describe_target(job),
+            "rate": job.rate,
+            "canary_size": job.canary_size,
+            "breaker_threshold_pct": job.breaker_threshold_pct,
+            "include_poisoned": job.include_poisoned,
+        },
+    )
+
+
 def create_job(
     user,
     *,
@@ -84,15 +115,7 @@ def create_job(
     options = clean_options(
         rate, canary_size, canary_pause_seconds, canary_max_failure_pct, breaker_threshold_pct, via
     )
-    delay = target.delay_seconds or 0
-    if options["canary_size"] and delay and options["canary_pause_seconds"] <= delay:
-        # The canary would be judged before its messages even reached the consumer.
-        raise ValidationError(
-            {
-                "canary_pause_seconds": "with a delay, the canary pause must be longer than the "
-                f"delay ({delay}s)"
-            }
-        )
+    _check_canary_outlasts_delay(options, target)
     if not selection_queryset(data, ids, group, statuses).exists():
         raise ValidationError(
             {NON_FIELD_ERRORS: "no replayable message matches (" + ", ".join(statuses) + ")"}
@@ -111,22 +134,7 @@ def create_job(
             allowed_statuses=statuses,
             **options,
         )
-        Activity.objects.create(
-            user=user,
-            action="job_created",
-            job=job,
-            via=via,
-            detail={
-                "filters": job.filters,
-                "message_ids": len(job.message_ids),
-                "group_key": job.group_key,
-                "target": describe_target(job),
-                "rate": job.rate,
-                "canary_size": job.canary_size,
-                "breaker_threshold_pct": job.breaker_threshold_pct,
-                "include_poisoned": job.include_poisoned,
-            },
-        )
+        _log_creation(job, user, via)
         transaction.on_commit(job.enqueue)
     return job
 

@@ -230,6 +230,28 @@ def record_outcome(
     return attempt
 
 
+def _send(claimed, target, replayed_by, headers, body):
+    """Publish one claimed message to its target with confirms; (exchange, routing key it was
+    sent for, outcome, detail)."""
+    final_exchange, final_key = target.final(
+        claimed.kind, claimed.source_queue, claimed.source_exchange, claimed.routing_keys
+    )
+    publish_exchange, publish_key = target.route(final_exchange, final_key)
+    properties, payload = wire_message(claimed, replayed_by, headers, body)
+    refused = unpublishable(properties)
+    if refused is not None:
+        # Sending it would fail the same way every time: a failed attempt with the reason,
+        # never "broker unavailable" (which invites retries).
+        return final_exchange, final_key, ReplayAttempt.Outcome.FAILED, refused
+    if target.delay_seconds:
+        ensure_delay_routes(claimed.vhost, target.delay_seconds, [final_exchange])
+    with Publisher(claimed.vhost) as publisher:
+        outcome, detail = publisher.publish(publish_exchange, publish_key, properties, payload)
+    if target.delay_seconds and outcome == ReplayAttempt.Outcome.CONFIRMED:
+        detail = f"delayed {target.delay_seconds}s via {publish_exchange}"
+    return final_exchange, final_key, outcome, detail
+
+
 def replay_message(
     message,
     user=None,
@@ -262,24 +284,10 @@ def replay_message(
         raise StateError(f"message {message.pk} is {current or 'gone'}, not replayable now")
     previous_status = claimed.claimed_from
     try:
-        final_exchange, final_key = target.final(
-            claimed.kind, claimed.source_queue, claimed.source_exchange, claimed.routing_keys
-        )
-        publish_exchange, publish_key = target.route(final_exchange, final_key)
         replayed_by = user.get_username() if user is not None else via
-        properties, payload = wire_message(claimed, replayed_by, headers, body)
-        refused = unpublishable(properties)
-        if refused is not None:
-            # Sending it would fail the same way every time: a failed attempt with the reason,
-            # never "broker unavailable" (which invites retries).
-            outcome, detail = ReplayAttempt.Outcome.FAILED, refused
-        else:
-            if delay_seconds:
-                ensure_delay_routes(claimed.vhost, delay_seconds, [final_exchange])
-            with Publisher(claimed.vhost) as publisher:
-                outcome, detail = publisher.publish(
-                    publish_exchange, publish_key, properties, payload
-                )
+        final_exchange, final_key, outcome, detail = _send(
+            claimed, target, replayed_by, headers, body
+        )
     except (pika.exceptions.AMQPError, OSError) as exc:
         Message.objects.filter(pk=claimed.pk, status=Status.REPLAYING).update(
             status=previous_status, status_reason=f"broker unavailable: {exc!r}"
@@ -292,18 +300,16 @@ def replay_message(
         raise
     edited = headers is not None or body is not None
     edit = None
-    if edited:
+    if edited:  # the stored message is kept; what was sent instead is recorded
         edit = MessageEdit.objects.create(
             message=claimed,
             user=user,
             headers=headers,
             body=body,
+            via=via,
             exchange=final_exchange,
             routing_key=final_key,
-            via=via,
         )
-    if delay_seconds and outcome == ReplayAttempt.Outcome.CONFIRMED:
-        detail = f"delayed {delay_seconds}s via {publish_exchange}"
     return record_outcome(
         claimed,
         outcome,

@@ -29,7 +29,7 @@ import pika
 from pika.adapters.select_connection import IOLoop
 from pika.spec import Basic
 
-from recovery.broker.connection import amqp_parameters
+from recovery.broker.connection import cluster_parameters
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +84,12 @@ class AsyncPublisher:
     ):
         self.window = window
         self.confirm_timeout = confirm_timeout
-        self._params = amqp_parameters(
+        # One per node of the cluster, taken in turn on each reconnect (a SelectConnection
+        # takes one node): a lost node costs one failed attempt, then the next one is tried.
+        self._nodes = cluster_parameters(
             vhost, url=url, heartbeat=30, client_properties={"connection_name": name}
         )
+        self._node = 0
         self.outcomes = deque()
         self.wakeup = wakeup or threading.Event()  # set whenever outcomes arrive
         self.submitted = 0  # caller thread
@@ -157,7 +160,7 @@ class AsyncPublisher:
         if self._stopping:
             return
         self._connection = pika.SelectConnection(
-            self._params,
+            self._nodes[self._node % len(self._nodes)],
             on_open_callback=self._on_open,
             on_open_error_callback=self._on_open_error,
             on_close_callback=self._on_connection_closed,
@@ -168,6 +171,7 @@ class AsyncPublisher:
         if self._stopping:
             self._ioloop.stop()
             return
+        self._node += 1
         self._ioloop.call_later(self._backoff, self._connect)
         self._backoff = min(self._backoff * 2, RECONNECT_MAX_S)
 

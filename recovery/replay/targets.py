@@ -20,7 +20,7 @@ import pika
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
-from recovery.broker.connection import amqp_parameters, connect
+from recovery.broker.connection import cluster_parameters, connect
 from recovery.models import default_target_of
 
 
@@ -89,7 +89,7 @@ def declare_delay_route(channel, seconds, final_exchange=""):
 def ensure_delay_routes(vhost, seconds, final_exchanges, url=None):
     """Declare the delay routes a job or a one-click replay needs, on its own connection."""
     connection = (
-        connect(vhost) if url is None else pika.BlockingConnection(amqp_parameters(vhost, url))
+        connect(vhost) if url is None else pika.BlockingConnection(cluster_parameters(vhost, url))
     )
     try:
         channel = connection.channel()
