@@ -99,13 +99,13 @@ class ReliablePublisher:
         # I/O thread only from here on.
         self._cache = RetryCache()
         self._ioloop = IOLoop()
-        self._connection = None
+        self._connection: pika.SelectConnection | None = None
         self._channel: Any = None  # the open pika channel, on the I/O thread
         self._ready = False
         self._next_tag = 0
         self._stopping = False
         self._backoff = RECONNECT_MIN_S
-        self._outbox_rows = []  # (Pending, headers, kind, reason) waiting for the outbox write
+        self._outbox_rows: list[Pending] = []  # given up, waiting for the outbox write
         self._store_marks: dict[str, list[str]] = {"sent": [], "given_up": []}
         self._thread = threading.Thread(
             target=self._run, name=f"ReliablePublisher[{producer}]", daemon=True
