@@ -477,7 +477,7 @@ class ReliablePublisher:
         try:
             self._outbox.write(
                 self.producer,
-                [(e, self._forward_properties(e).headers, *e.give_up[:2]) for e in rows],
+                [(e, self._forward_properties(e).headers, *(e.give_up or ())[:2]) for e in rows],
             )
         except Exception:
             self._outbox_rows = rows + self._outbox_rows
