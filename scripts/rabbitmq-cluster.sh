@@ -5,6 +5,7 @@
 #   scripts/rabbitmq-cluster.sh start    # nodes lazarus-c1..3@<host>, joined into one cluster
 #   scripts/rabbitmq-cluster.sh stop     # stops them and removes their data
 #   scripts/rabbitmq-cluster.sh status
+#   scripts/rabbitmq-cluster.sh kill N | stop-node N | start-node N   # faults, and back
 #
 # Node i listens for AMQP on 570i, the management API on 1570i, Erlang distribution on 2570i;
 # its data, logs, config and plugin list live under $LAZARUS_CLUSTER_DIR/c<i>
@@ -58,7 +59,7 @@ start)
   for i in 2 3; do
     ctl "$i" stop_app
     ctl "$i" reset
-    ctl "$i" join_cluster "$(name 1)"
+    ctl "$i" join_cluster "$(name 1)" 2>/dev/null
     ctl "$i" start_app
   done
   ctl 1 cluster_status --formatter json | grep -q "$(name 3)"
@@ -74,8 +75,22 @@ stop)
 status)
   ctl 1 cluster_status
   ;;
+kill) # the node's Erlang VM, as a crash or an OOM kill would
+  kill -9 "$(cat "$BASE/c$2/pid")"
+  ;;
+stop-node) # the RabbitMQ application stops cleanly; the VM stays up
+  ctl "$2" stop_app
+  ;;
+start-node) # back after kill (a new VM on the same data) or stop-node
+  if kill -0 "$(cat "$BASE/c$2/pid" 2>/dev/null)" 2>/dev/null; then
+    ctl "$2" start_app
+  else
+    start_node "$2"
+  fi
+  wait_node "$2"
+  ;;
 *)
-  echo "usage: $0 start|stop|status" >&2
+  echo "usage: $0 start|stop|status|kill N|stop-node N|start-node N" >&2
   exit 2
   ;;
 esac

@@ -4,6 +4,7 @@ Everything here is idempotent: declaring what exists with the same arguments is 
 policies are PUT by name.
 """
 
+import re
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -57,8 +58,27 @@ def declare_recovery_topology(channel, names=None):
     return names
 
 
-def wire(vhost, queues_regex=None, exchanges_regex=None, management=None, names=None):
-    """Declare the recovery topology in a vhost, apply the DLX and AE policies; return a report."""
+# What --at-least-once adds to the dead-letter policy. RabbitMQ 3.10+ dead-letters a quorum
+# queue's messages at least once with this strategy: the source queue keeps a message until
+# recovery.dlx's queues confirm it, so it survives a node lost on the way (the default,
+# at-most-once, forgets it as it sends). The strategy requires overflow reject-publish (a full
+# queue refuses new publishes, which the publisher's confirms see, instead of dropping its head).
+# Classic queues ignore the strategy; on them reject-publish only matters with a length limit.
+AT_LEAST_ONCE = {"dead-letter-strategy": "at-least-once", "overflow": "reject-publish"}
+
+
+def wire(
+    vhost,
+    queues_regex=None,
+    exchanges_regex=None,
+    management=None,
+    names=None,
+    at_least_once=False,
+):
+    """Declare the recovery topology in a vhost, apply the DLX and AE policies; return a report.
+
+    ``at_least_once``: the dead-letter policy also sets ``AT_LEAST_ONCE`` (for quorum
+    application queues); the report names the matching queues that are not quorum queues."""
     names = names or Names.from_settings()
     conn = connect(vhost)
     try:
@@ -69,15 +89,21 @@ def wire(vhost, queues_regex=None, exchanges_regex=None, management=None, names=
     management = management or Management()
     if queues_regex:
         # Never dead-letter the recovery queues into themselves.
-        management.put_policy(
-            vhost,
-            DLX_POLICY,
+        pattern = (
             f"^(?!{_escape(names.dead_letters)}$|{_escape(names.unrouted)}$|"
-            f"{_escape(names.returns)}$|{_escape(names.quarantine)}$)(?:{queues_regex})",
-            {"dead-letter-exchange": names.dlx},
-            "queues",
+            f"{_escape(names.returns)}$|{_escape(names.quarantine)}$)(?:{queues_regex})"
         )
+        definition = {"dead-letter-exchange": names.dlx}
+        if at_least_once:
+            definition |= AT_LEAST_ONCE
+        management.put_policy(vhost, DLX_POLICY, pattern, definition, "queues")
         report["queue_policy"] = DLX_POLICY
+        if at_least_once:
+            report["not_quorum"] = sorted(
+                q["name"]
+                for q in management.queues(vhost) or []
+                if re.search(pattern, q["name"]) and q.get("type") != "quorum"
+            )
     if exchanges_regex:
         management.put_policy(
             vhost,

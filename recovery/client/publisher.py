@@ -100,6 +100,7 @@ class ReliablePublisher:
         self._cache = RetryCache()
         self._ioloop = IOLoop()
         self._connection: pika.SelectConnection | None = None
+        self.connections = 0  # connections opened (more than one: it reconnected or failed over)
         self._channel: Any = None  # the open pika channel, on the I/O thread
         self._ready = False
         self._next_tag = 0
@@ -208,6 +209,7 @@ class ReliablePublisher:
         self._backoff = min(self._backoff * 2, RECONNECT_MAX_S)
 
     def _on_open(self, connection):
+        self.connections += 1
         connection.channel(on_open_callback=self._on_channel)
 
     def _on_open_error(self, _connection, error):
