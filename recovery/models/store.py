@@ -204,6 +204,43 @@ class CollectorHeartbeat(models.Model):
         ]
 
 
+def fold_deltas(cur, table, key, carried=None):
+    """Fold the delta rows of each ``key`` of a count table into one row (the sum of n, and the
+    least ``carried`` column if any), dropping keys that sum to zero; returns the rows removed.
+    Only keys with more than one row (or a zero sum) are rewritten; rows another transaction
+    commits meanwhile are not in this statement's snapshot and stay as they are."""
+    cols = ", ".join(key)
+    extra = f", {carried}" if carried else ""
+    least = f", min({carried})" if carried else ""
+    cur.execute(
+        f"""
+        WITH busy AS (
+            SELECT {cols} FROM {table} GROUP BY {cols} HAVING count(*) > 1 OR sum(n) = 0
+        ), gone AS (
+            DELETE FROM {table} c USING busy b
+            WHERE {" AND ".join(f"c.{k} = b.{k}" for k in key)}
+            RETURNING {", ".join(f"c.{k}" for k in key)}{extra.replace(", ", ", c.")}, c.n
+        ), folded AS (
+            INSERT INTO {table} ({cols}{extra}, n)
+            SELECT {cols}{least}, sum(n) FROM gone GROUP BY {cols} HAVING sum(n) <> 0
+            RETURNING 1
+        )
+        SELECT (SELECT count(*) FROM gone) - (SELECT count(*) FROM folded)
+        """
+    )
+    return cur.fetchone()[0]
+
+
+def recount(table, rebuild_sql):
+    """Replace a count table's rows with a count of the messages themselves."""
+    from django.db import connection, transaction
+
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
+        cur.execute(f"DELETE FROM {table}")
+        cur.execute(rebuild_sql)
+
+
 class MessageCount(models.Model):
     """Message counts per hour x vhost x kind x source x reason x status x failure group.
 
@@ -282,34 +319,12 @@ class MessageCount(models.Model):
                 [cls.HOURLY_FOR.total_seconds() / 3600],
             )
             removed = cur.fetchone()[0]
-            cur.execute(
-                f"""
-                WITH busy AS (
-                    SELECT {key} FROM {table} GROUP BY {key} HAVING count(*) > 1 OR sum(n) = 0
-                ), gone AS (
-                    DELETE FROM {table} c USING busy b
-                    WHERE {" AND ".join(f"c.{k} = b.{k}" for k in cls.KEY)}
-                    RETURNING {", ".join(f"c.{k}" for k in cls.KEY)}, c.n
-                ), folded AS (
-                    INSERT INTO {table} ({key}, n)
-                    SELECT {key}, sum(n) FROM gone GROUP BY {key} HAVING sum(n) <> 0
-                    RETURNING 1
-                )
-                SELECT (SELECT count(*) FROM gone) - (SELECT count(*) FROM folded)
-                """
-            )
-            return removed + cur.fetchone()[0]
+            return removed + fold_deltas(cur, table, cls.KEY)
 
     @classmethod
     def rebuild(cls):
         """Recount from the messages themselves (after a restore, or to check the triggers)."""
-        from django.db import connection, transaction
-
-        table = cls._meta.db_table
-        with transaction.atomic(), connection.cursor() as cur:
-            cur.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
-            cur.execute(f"DELETE FROM {table}")
-            cur.execute(REBUILD_COUNTS_SQL)
+        recount(cls._meta.db_table, REBUILD_COUNTS_SQL)
 
 
 class MessageTotal(models.Model):
@@ -349,41 +364,17 @@ class MessageTotal(models.Model):
         a time (advisory lock); rows committed meanwhile stay as they are, the sums stay right."""
         from django.db import connection, transaction
 
-        key = ", ".join(cls.KEY)
         table = cls._meta.db_table
         with transaction.atomic(), connection.cursor() as cur:
             cur.execute("SELECT pg_try_advisory_xact_lock(hashtext('recovery_messagetotal'))")
             if not cur.fetchone()[0]:
                 return 0
-            cur.execute(
-                f"""
-                WITH busy AS (
-                    SELECT {key} FROM {table} GROUP BY {key} HAVING count(*) > 1 OR sum(n) = 0
-                ), gone AS (
-                    DELETE FROM {table} c USING busy b
-                    WHERE {" AND ".join(f"c.{k} = b.{k}" for k in cls.KEY)}
-                    RETURNING {", ".join(f"c.{k}" for k in cls.KEY)}, c.first_hour, c.n
-                ), folded AS (
-                    INSERT INTO {table} ({key}, first_hour, n)
-                    SELECT {key}, min(first_hour), sum(n) FROM gone GROUP BY {key}
-                    HAVING sum(n) <> 0
-                    RETURNING 1
-                )
-                SELECT (SELECT count(*) FROM gone) - (SELECT count(*) FROM folded)
-                """
-            )
-            return cur.fetchone()[0]
+            return fold_deltas(cur, table, cls.KEY, carried="first_hour")
 
     @classmethod
     def rebuild(cls):
         """Recount from the messages themselves."""
-        from django.db import connection, transaction
-
-        table = cls._meta.db_table
-        with transaction.atomic(), connection.cursor() as cur:
-            cur.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
-            cur.execute(f"DELETE FROM {table}")
-            cur.execute(REBUILD_TOTALS_SQL)
+        recount(cls._meta.db_table, REBUILD_TOTALS_SQL)
 
 
 # The hour bucket is UTC whatever the session time zone of the writer (the collector's psycopg
