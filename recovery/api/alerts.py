@@ -184,7 +184,12 @@ class UncoveredSerializer(serializers.Serializer):
     kind = serializers.ChoiceField(choices=UNCOVERED_KINDS)
     name = serializers.CharField()
     problem = serializers.ChoiceField(
-        choices=["no_dead_letter_exchange", "dead_letters_elsewhere", "no_alternate_exchange"]
+        choices=[
+            "no_dead_letter_exchange",
+            "dead_letters_elsewhere",
+            "dead_letters_at_most_once",
+            "no_alternate_exchange",
+        ]
     )
     detail = serializers.CharField()
     fix = serializers.CharField()

@@ -59,43 +59,7 @@ def uncovered(vhost, management=None, names=None) -> list[Uncovered]:
         name = queue.get("name", "")
         if _ours(name, names) or queue.get("exclusive") or queue.get("auto_delete"):
             continue
-        arguments = queue.get("arguments") or {}
-        policy = _policy_for(policies, name, "queues")
-        definition = queue.get("effective_policy_definition") or (policy or {}).get(
-            "definition", {}
-        )
-        dlx = arguments.get("x-dead-letter-exchange") or definition.get("dead-letter-exchange")
-        fix = (
-            f"manage.py wire --queues '{re.escape(name)}' (policy {DLX_POLICY}), or "
-            f"x-dead-letter-exchange={names.dlx} on the queue"
-        )
-        hiding = policy and policy.get("name") != DLX_POLICY
-        if not dlx:
-            out.append(
-                Uncovered(
-                    vhost,
-                    "queue",
-                    name,
-                    "no_dead_letter_exchange",
-                    "rejected, expired or overflowing messages are dropped without a trace",
-                    f"add dead-letter-exchange={names.dlx} to policy {policy['name']!r} "
-                    "(RabbitMQ applies one policy per queue: it hides Lazarus's)"
-                    if hiding
-                    else fix,
-                    policy=policy["name"] if hiding else "",
-                )
-            )
-        elif dlx != names.dlx:
-            out.append(
-                Uncovered(
-                    vhost,
-                    "queue",
-                    name,
-                    "dead_letters_elsewhere",
-                    f"dead-letters to {dlx!r}: Lazarus does not see them",
-                    f"point it at {names.dlx}, or bind {dlx!r} to {names.dlx}",
-                )
-            )
+        out += _queue_problems(vhost, queue, _policy_for(policies, name, "queues"), names)
     for exchange in management.request("GET", f"/exchanges/{management.quote(vhost)}") or []:
         name = exchange.get("name", "")
         if _ours(name, names) or exchange.get("internal"):
@@ -116,6 +80,61 @@ def uncovered(vhost, management=None, names=None) -> list[Uncovered]:
                 )
             )
     return out
+
+
+def _queue_problems(vhost, queue, policy, names) -> list[Uncovered]:
+    name = queue.get("name", "")
+    arguments = queue.get("arguments") or {}
+    definition = queue.get("effective_policy_definition") or (policy or {}).get("definition", {})
+    dlx = arguments.get("x-dead-letter-exchange") or definition.get("dead-letter-exchange")
+    hiding = policy and policy.get("name") != DLX_POLICY
+    if not dlx:
+        fix = (
+            f"manage.py wire --queues '{re.escape(name)}' (policy {DLX_POLICY}), or "
+            f"x-dead-letter-exchange={names.dlx} on the queue"
+        )
+        if hiding:
+            fix = (
+                f"add dead-letter-exchange={names.dlx} to policy {policy['name']!r} "
+                "(RabbitMQ applies one policy per queue: it hides Lazarus's)"
+            )
+        return [
+            Uncovered(
+                vhost,
+                "queue",
+                name,
+                "no_dead_letter_exchange",
+                "rejected, expired or overflowing messages are dropped without a trace",
+                fix,
+                policy=policy["name"] if hiding else "",
+            )
+        ]
+    if dlx != names.dlx:
+        return [
+            Uncovered(
+                vhost,
+                "queue",
+                name,
+                "dead_letters_elsewhere",
+                f"dead-letters to {dlx!r}: Lazarus does not see them",
+                f"point it at {names.dlx}, or bind {dlx!r} to {names.dlx}",
+            )
+        ]
+    strategy = arguments.get("x-dead-letter-strategy") or definition.get("dead-letter-strategy")
+    if queue.get("type") == "quorum" and strategy != "at-least-once":
+        return [
+            Uncovered(
+                vhost,
+                "queue",
+                name,
+                "dead_letters_at_most_once",
+                "a quorum queue dead-letters at most once by default: a message dead-lettered "
+                "while a node is lost is gone",
+                f"manage.py wire --queues '{re.escape(name)}' --at-least-once "
+                "(dead-letter-strategy at-least-once, overflow reject-publish)",
+            )
+        ]
+    return []
 
 
 def uncovered_everywhere(management=None) -> tuple[list[Uncovered], list[str]]:

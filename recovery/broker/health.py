@@ -111,34 +111,7 @@ def read(management=None) -> BrokerHealth:
         health.error = str(exc)
         return health
     for raw in nodes:
-        node = Node(
-            name=raw.get("name", "?"),
-            running=bool(raw.get("running", True)),
-            mem_used=raw.get("mem_used"),
-            mem_limit=raw.get("mem_limit"),
-            mem_alarm=bool(raw.get("mem_alarm")),
-            disk_free=raw.get("disk_free"),
-            disk_free_limit=raw.get("disk_free_limit"),
-            disk_free_alarm=bool(raw.get("disk_free_alarm")),
-            fd_used=raw.get("fd_used"),
-            fd_total=raw.get("fd_total"),
-            sockets_used=raw.get("sockets_used"),
-            sockets_total=raw.get("sockets_total"),
-            uptime_seconds=(raw["uptime"] // 1000) if raw.get("uptime") else None,
-        )
-        health.nodes.append(node)
-        if not node.running:
-            health.alarms.append(f"{node.name}: node not running")
-        if node.mem_alarm:
-            health.alarms.append(
-                f"{node.name}: memory alarm ({node.mem_used} of {node.mem_limit} bytes): "
-                "publishers are blocked"
-            )
-        if node.disk_free_alarm:
-            health.alarms.append(
-                f"{node.name}: disk alarm ({node.disk_free} bytes free, limit "
-                f"{node.disk_free_limit}): publishers are blocked"
-            )
+        _add_node(health, raw)
     for conn in connections:
         if conn.get("state") in ("blocked", "blocking"):
             product = ((conn.get("client_properties") or {}).get("product")) or ""
@@ -151,41 +124,75 @@ def read(management=None) -> BrokerHealth:
                     "client": product,
                 }
             )
-    names = Names.from_settings()
-    wanted = (*names.source_queues, names.quarantine)
     for vhost in settings.RECOVERY_VHOSTS:
-        try:
-            found = {
-                q["name"]: q
-                for q in management.request(
-                    "GET",
-                    f"/queues/{management.quote(vhost)}?columns=name,messages,messages_ready,"
-                    "messages_unacknowledged,consumers,message_stats",
-                )
-                or []
-            }
-        except Exception as exc:  # noqa: BLE001 - said on the page, per vhost
-            health.missing_queues.append(f"{vhost}: cannot list queues ({exc})")
-            continue
-        for name in wanted:
-            q = found.get(name)
-            if q is None:
-                health.missing_queues.append(f"{vhost}/{name}: not declared (manage.py wire)")
-                continue
-            stats = q.get("message_stats")
-            health.queues.append(
-                RecoveryQueue(
-                    vhost=vhost,
-                    name=name,
-                    messages=q.get("messages") or 0,
-                    ready=q.get("messages_ready") or 0,
-                    unacked=q.get("messages_unacknowledged") or 0,
-                    consumers=q.get("consumers") or 0,
-                    publish_rate=_rate(stats, "publish"),
-                    deliver_rate=_rate(stats, "deliver_get"),
-                )
-            )
+        _add_recovery_queues(health, management, vhost)
     return health
+
+
+def _add_node(health, raw):
+    node = Node(
+        name=raw.get("name", "?"),
+        running=bool(raw.get("running", True)),
+        mem_used=raw.get("mem_used"),
+        mem_limit=raw.get("mem_limit"),
+        mem_alarm=bool(raw.get("mem_alarm")),
+        disk_free=raw.get("disk_free"),
+        disk_free_limit=raw.get("disk_free_limit"),
+        disk_free_alarm=bool(raw.get("disk_free_alarm")),
+        fd_used=raw.get("fd_used"),
+        fd_total=raw.get("fd_total"),
+        sockets_used=raw.get("sockets_used"),
+        sockets_total=raw.get("sockets_total"),
+        uptime_seconds=(raw["uptime"] // 1000) if raw.get("uptime") else None,
+    )
+    health.nodes.append(node)
+    if not node.running:
+        health.alarms.append(f"{node.name}: node not running")
+    if node.mem_alarm:
+        health.alarms.append(
+            f"{node.name}: memory alarm ({node.mem_used} of {node.mem_limit} bytes): "
+            "publishers are blocked"
+        )
+    if node.disk_free_alarm:
+        health.alarms.append(
+            f"{node.name}: disk alarm ({node.disk_free} bytes free, limit "
+            f"{node.disk_free_limit}): publishers are blocked"
+        )
+
+
+def _add_recovery_queues(health, management, vhost):
+    names = Names.from_settings()
+    try:
+        found = {
+            q["name"]: q
+            for q in management.request(
+                "GET",
+                f"/queues/{management.quote(vhost)}?columns=name,messages,messages_ready,"
+                "messages_unacknowledged,consumers,message_stats",
+            )
+            or []
+        }
+    except Exception as exc:  # noqa: BLE001 - said on the page, per vhost
+        health.missing_queues.append(f"{vhost}: cannot list queues ({exc})")
+        return
+    for name in (*names.source_queues, names.quarantine):
+        q = found.get(name)
+        if q is None:
+            health.missing_queues.append(f"{vhost}/{name}: not declared (manage.py wire)")
+            continue
+        stats = q.get("message_stats")
+        health.queues.append(
+            RecoveryQueue(
+                vhost=vhost,
+                name=name,
+                messages=q.get("messages") or 0,
+                ready=q.get("messages_ready") or 0,
+                unacked=q.get("messages_unacknowledged") or 0,
+                consumers=q.get("consumers") or 0,
+                publish_rate=_rate(stats, "publish"),
+                deliver_rate=_rate(stats, "deliver_get"),
+            )
+        )
 
 
 def broker_health(refresh=False) -> BrokerHealth:

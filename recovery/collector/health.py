@@ -62,29 +62,11 @@ def collector_health(database_ok=True):
             broker = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
             break
     threads = _running_threads() if database_ok else []
-    sources = []
-    for vhost in settings.RECOVERY_VHOSTS:
-        for queue in names.source_queues:
-            mine = [t for t in threads if t["vhost"] == vhost and t["queue"] == queue]
-            last = max(
-                (t["last_collected_at"] for t in mine if t["last_collected_at"]), default=None
-            )
-            sources.append(
-                {
-                    "vhost": vhost,
-                    "queue": queue,
-                    "source": source_of(queue, names),
-                    "depth": lag.get(vhost, {}).get(queue),
-                    "collected": sum(t["collected"] for t in mine),
-                    "duplicates": sum(t["duplicates"] for t in mine),
-                    "quarantined": sum(t["quarantined"] for t in mine),
-                    "errors": sum(t["errors"] for t in mine),
-                    "last_error": next((t["last_error"] for t in mine if t["last_error"]), ""),
-                    "rate": round(sum(t["rate"] for t in mine), 1),
-                    "collectors": len(mine),
-                    "last_collected_at": last,
-                }
-            )
+    sources = [
+        _source(vhost, queue, names, lag, threads)
+        for vhost in settings.RECOVERY_VHOSTS
+        for queue in names.source_queues
+    ]
     return {
         "broker": broker,
         "running": bool(threads),
@@ -92,6 +74,27 @@ def collector_health(database_ok=True):
         "sources": sources,
         "quarantine": {vhost: depths.get(names.quarantine) for vhost, depths in lag.items()},
         "threads": threads,
+    }
+
+
+def _source(vhost, queue, names, lag, threads):
+    """One source queue's row: its depth and what its running collectors did, summed."""
+    mine = [t for t in threads if t["vhost"] == vhost and t["queue"] == queue]
+    return {
+        "vhost": vhost,
+        "queue": queue,
+        "source": source_of(queue, names),
+        "depth": lag.get(vhost, {}).get(queue),
+        "collected": sum(t["collected"] for t in mine),
+        "duplicates": sum(t["duplicates"] for t in mine),
+        "quarantined": sum(t["quarantined"] for t in mine),
+        "errors": sum(t["errors"] for t in mine),
+        "last_error": next((t["last_error"] for t in mine if t["last_error"]), ""),
+        "rate": round(sum(t["rate"] for t in mine), 1),
+        "collectors": len(mine),
+        "last_collected_at": max(
+            (t["last_collected_at"] for t in mine if t["last_collected_at"]), default=None
+        ),
     }
 
 

@@ -292,6 +292,17 @@ def test_uncovered_queues_are_listed_with_the_fix(client, api, viewer):
     channel.queue_declare("alerts.covered", arguments={"x-dead-letter-exchange": "recovery.dlx"})
     channel.queue_declare("alerts.elsewhere", arguments={"x-dead-letter-exchange": "other.dlx"})
     channel.exchange_declare("alerts.no-ae", "topic")
+    quorum = {"x-queue-type": "quorum", "x-dead-letter-exchange": "recovery.dlx"}
+    channel.queue_declare("alerts.quorum-at-most-once", durable=True, arguments=quorum)
+    channel.queue_declare(
+        "alerts.quorum-at-least-once",
+        durable=True,
+        arguments={
+            **quorum,
+            "x-dead-letter-strategy": "at-least-once",
+            "x-overflow": "reject-publish",
+        },
+    )
     try:
         body = api.as_user(viewer).get("/api/v1/uncovered-queues").json()
         found = {(r["kind"], r["name"]): r["problem"] for r in body["results"]}
@@ -299,6 +310,8 @@ def test_uncovered_queues_are_listed_with_the_fix(client, api, viewer):
         assert found[("queue", "alerts.elsewhere")] == "dead_letters_elsewhere"
         assert found[("exchange", "alerts.no-ae")] == "no_alternate_exchange"
         assert ("queue", "alerts.covered") not in found
+        assert found[("queue", "alerts.quorum-at-most-once")] == "dead_letters_at_most_once"
+        assert ("queue", "alerts.quorum-at-least-once") not in found
         assert not any(name.startswith("recovery.") for _, name in found)
         client.force_login(viewer)
         page = client.get("/uncovered/").content.decode()
@@ -308,7 +321,13 @@ def test_uncovered_queues_are_listed_with_the_fix(client, api, viewer):
         uncovered_rule.refresh_from_db()
         assert uncovered_rule.state == "firing"
     finally:
-        for queue in ("alerts.naked", "alerts.covered", "alerts.elsewhere"):
+        for queue in (
+            "alerts.naked",
+            "alerts.covered",
+            "alerts.elsewhere",
+            "alerts.quorum-at-most-once",
+            "alerts.quorum-at-least-once",
+        ):
             channel.queue_delete(queue)
         channel.exchange_delete("alerts.no-ae")
         connection.close()
