@@ -21,7 +21,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark import log_facts, metrics, transforms
+from spark import log_facts, metrics, pairing, transforms
 from spark.schema import (
     CONSUMER_LOG_SCHEMA,
     CONSUMER_REQUIRED,
@@ -252,7 +252,7 @@ def _rolled(
     """One job shuffles the lines by message_id, folds them per message, builds the pairs of
     the messages the fold settles and stores their ``metrics.rollup`` as a local checkpoint,
     with a row for each message it does not settle; if there are any, a second job builds
-    their pairs the exact way (``transforms.pair_contributions``) and checkpoints both rollups
+    their pairs the exact way (``pairing.pair_contributions``) and checkpoints both rollups
     together. Every output reads that checkpoint. The checkpoint cuts the lineage: each output
     is planned over a one-node plan instead of the whole audit's (analysis, cache lookups and
     optimisation of that plan cost seconds per output). Its blocks go with the frames.
@@ -307,9 +307,9 @@ def _rolled(
         return _folded_rollup(
             messages, consumer_raw, bits, rolled_up, day_start_ms, grace_ms, facts.bit_groups
         )
-    pairs = transforms.pairs(
-        transforms.pair_contributions(
-            messages.select(*transforms.exact_facts(messages)),
+    pairs = pairing.pairs(
+        pairing.pair_contributions(
+            messages.select(*pairing.exact_facts(messages)),
             consumers,
             day_start_ms,
             grace_ms,
@@ -328,13 +328,13 @@ def _folded_rollup(
     grace_ms: int,
     bit_groups: list[str],
 ) -> DataFrame:
-    """The rollup of ``transforms.message_pairs``, plus that of the exact path's pairs for the
+    """The rollup of ``pairing.message_pairs``, plus that of the exact path's pairs for the
     messages the fold left (their lines picked out of the consumer logs again), checkpointed."""
     # Kept in the rollup's partitions: the messages left for the exact path have a row each,
     # and they could be many.
     first_pass = _checkpoint(
         rolled_up(
-            transforms.message_pairs(messages, day_start_ms, grace_ms, bit_groups), ("exact",)
+            pairing.message_pairs(messages, day_start_ms, grace_ms, bit_groups), ("exact",)
         )
     )
     settled = first_pass.where("exact IS NULL").drop("exact")
@@ -349,8 +349,8 @@ def _folded_rollup(
         on="message_id",
         how="left_semi",
     )
-    pairs = transforms.pairs(
-        transforms.pair_contributions(
+    pairs = pairing.pairs(
+        pairing.pair_contributions(
             exact,
             transforms.by_message(transforms.grouped_consumer_lines(lines, bits)),
             day_start_ms,

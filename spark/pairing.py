@@ -1,0 +1,324 @@
+"""From each message's facts to its pairs (message x consumer group): the fast path, where a
+message's one row is its pairs (``message_pairs``), and the exact path for the rest: each consumer
+line joined to its message's facts as what it adds to its pair (``pair_contributions``), summed
+into pairs (``pairs``). The definitions are the docstring of ``spark/transforms.py``; the
+per-message facts come from there (``per_message``, ``with_expected``)."""
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from spark.log_facts import WORD_BITS, sql_literal
+from spark.schema import HOUR_MS
+
+# What one consumer line (or one silent expected group) adds to its pair.
+CONTRIBUTION_TYPE = T.StructType(
+    [
+        T.StructField("group_hash", T.LongType()),
+        T.StructField("deliveries", T.IntegerType()),
+        T.StructField("redelivered", T.IntegerType()),
+        T.StructField("late", T.IntegerType()),
+        T.StructField("consuming_ts", T.LongType()),
+        T.StructField("primary", T.BooleanType()),
+        T.StructField("expected", T.BooleanType()),
+        T.StructField("orphan_consumer", T.StringType()),
+        T.StructField("orphan_ts", T.LongType()),
+        T.StructField("unbound", T.BooleanType()),
+    ]
+)
+
+
+def _contribution(
+    group: str,
+    primary: str,
+    expected: str,
+    deliveries: str = "0",
+    redelivered: str = "0",
+    late: str = "0",
+    consuming_ts: str = "NULL",
+    orphan_consumer: str = "NULL",
+    orphan_ts: str = "NULL",
+    unbound: str = "false",
+) -> str:
+    """SQL: a ``CONTRIBUTION_TYPE`` struct from SQL expressions for its fields."""
+    values = (
+        group,
+        deliveries,
+        redelivered,
+        late,
+        consuming_ts,
+        primary,
+        expected,
+        orphan_consumer,
+        orphan_ts,
+        unbound,
+    )
+    fields = ", ".join(
+        f"'{f.name}', CAST({v} AS {f.dataType.simpleString()})"
+        for v, f in zip(values, CONTRIBUTION_TYPE.fields, strict=True)
+    )
+    return f"named_struct({fields})"
+
+
+class _Bits:
+    """SQL over the bound groups' bitmasks: ``expected_w`` (the first attempt's key) and
+    ``seen_w`` (the groups that logged a line), ``WORD_BITS`` bits per word."""
+
+    def __init__(self, words: int):
+        self.words = range(words)
+
+    def _word(self, column: str, bit: str) -> str:
+        if len(self.words) == 1:
+            return f"{column}_0"
+        cases = " ".join(f"WHEN {w} THEN {column}_{w}" for w in self.words)
+        return f"CASE CAST(floor({bit} / {WORD_BITS}) AS int) {cases} END"
+
+    def mask(self, bit: str) -> str:
+        return f"shiftleft(1L, pmod({bit}, {WORD_BITS}))"
+
+    def expected(self, bit: str) -> str:
+        return f"coalesce(({self._word('expected', bit)} & {self.mask(bit)}) != 0, false)"
+
+    def unbound(self, bit: str) -> str:
+        """Whether no binding or configuration names the group of ``bit`` for the key."""
+        return f"coalesce(({self._word('bound', bit)} & {self.mask(bit)}) = 0, true)"
+
+    def unseen(self, bit: str) -> str:
+        return f"({self._word('seen', bit)} & {self.mask(bit)}) = 0"
+
+    def any_expected(self) -> str:
+        return " OR ".join(f"expected_{w} != 0" for w in self.words)
+
+    def any_silent(self) -> str:
+        return " OR ".join(f"(expected_{w} & ~seen_{w}) != 0" for w in self.words)
+
+    def is_first_expected(self, bit: str) -> str:
+        """Whether ``bit`` is the lowest expected bit: the first expected group by name."""
+        cases = " ".join(
+            f"WHEN expected_{w} != 0 THEN CAST(floor({bit} / {WORD_BITS}) AS int) = {w} "
+            f"AND {self.mask(bit)} = (expected_{w} & -expected_{w})"
+            for w in self.words
+        )
+        return f"coalesce(CASE {cases} END, false)"
+
+
+def pair_contributions(
+    messages: DataFrame,
+    consumers: DataFrame,
+    day_start_ms: int,
+    grace_ms: int,
+    bit_groups: list[str],
+) -> DataFrame:
+    """Each consumer line joined to its message, as what it adds to its pair; plus a zero
+    contribution for every expected group that logged no line (silent), and one for the null
+    group of a message with neither lines nor expected groups. Orphan lines of the day (a
+    message_id no producer line has) carry ``orphan_consumer``/``orphan_ts``.
+
+    ``messages``: ``EXACT_FACTS``, ``seen_w`` and ``expected_w`` per message (the ``exact``
+    column of ``message_pairs``); ``consumers``: their ``grouped_consumer_lines``, ``by_message``.
+    ``bit_groups``: the names of the bits. The expressions are SQL text: one round trip to the
+    JVM each, not one per operator.
+    """
+    joined = messages.join(consumers.hint("shuffle_hash"), on="message_id", how="left").select(
+        "*", "line.*"
+    )
+    bits = _Bits(max(1, -(-len(bit_groups) // WORD_BITS)))
+    day_end_ms = day_start_ms + 24 * HOUR_MS
+    orphan = "first_ts IS NULL"
+    on_time = f"(NOT {orphan} AND ts IS NOT NULL AND ts < window_ms + {HOUR_MS + grace_ms})"
+    line = _contribution(
+        "group_hash",
+        f"CASE WHEN {bits.any_expected()} THEN {bits.is_first_expected('bit')} "
+        "ELSE group_hash = min_group_hash END",
+        bits.expected("bit"),
+        deliveries=f"CASE WHEN {on_time} THEN 1 ELSE 0 END",
+        redelivered=f"CASE WHEN {on_time} AND redelivered THEN 1 ELSE 0 END",
+        late=f"CASE WHEN NOT {orphan} AND ts IS NOT NULL AND NOT {on_time} THEN 1 ELSE 0 END",
+        consuming_ts=f"CASE WHEN {on_time} AND consuming THEN ts END",
+        orphan_consumer=f"CASE WHEN {orphan} THEN consumer END",
+        orphan_ts=f"CASE WHEN {orphan} THEN ts END",
+        unbound=f"NOT {orphan} AND {bits.unbound('bit')}",
+    )
+    none = f"CAST(array() AS {T.ArrayType(CONTRIBUTION_TYPE).simpleString()})"
+    silent = none
+    if bit_groups:
+        names = sql_literal(bit_groups, "array<string>")
+        silent_bits = (
+            f"filter(sequence(0, {len(bit_groups) - 1}), "
+            f"i -> {bits.expected('i')} AND {bits.unseen('i')})"
+        )
+        one = _contribution(
+            f"xxhash64(element_at({names}, i + 1))", bits.is_first_expected("i"), "true"
+        )
+        silent = f"transform({silent_bits}, i -> {one})"
+    nobody = _contribution("NULL", "true", "false")
+    # Most rows are one line of a message whose expected groups all logged: one contribution.
+    contributions = (
+        f"CASE WHEN ts IS NOT NULL AND NOT ({bits.any_silent()}) THEN array({line}) "
+        f"ELSE concat(CASE WHEN ts IS NOT NULL THEN array({line}) ELSE {none} END, "
+        f"CASE WHEN {bits.any_silent()} THEN {silent} ELSE {none} END, "
+        f"CASE WHEN line_count = 0 AND NOT ({bits.any_expected()}) THEN array({nobody}) "
+        f"ELSE {none} END) END"
+    )
+    message = ["message_id", "first_ts", "window_ms", "key_hash", "attempts", "state"]
+    in_day = f"window_ms >= {day_start_ms} AND window_ms < {day_end_ms}"
+    line_in_day = f"ts >= {day_start_ms} AND ts < {day_end_ms}"
+    window = f"CASE WHEN {orphan} THEN ts - pmod(ts, {HOUR_MS}) ELSE window_ms END AS window_ms"
+    return (
+        joined.where(f"({in_day}) OR ({orphan} AND {line_in_day})")
+        .selectExpr(*message[:2], window, *message[3:], f"explode({contributions}) AS c")
+        .select(*message, "c.*")
+    )
+
+
+# What pair_contributions needs of a message: the facts the exact path carries (``message_pairs``).
+EXACT_FACTS = (
+    "message_id",
+    "first_ts",
+    "key_hash",
+    "attempts",
+    "state",
+    "min_group_hash",
+    "line_count",
+    "window_ms",
+)
+PAIR_FIELDS = (
+    ("group_hash", "bigint"),
+    ("primary", "boolean"),
+    ("expected", "boolean"),
+    ("deliveries", "bigint"),
+    ("redelivered", "bigint"),
+    ("late_deliveries", "bigint"),
+    ("first_consumed_ts", "bigint"),
+    ("last_consumed_ts", "bigint"),
+    ("lines", "bigint"),
+    ("unbound", "boolean"),
+)
+
+
+def exact_facts(messages: DataFrame) -> list[str]:
+    """The columns of ``messages`` that ``pair_contributions`` reads."""
+    bits = [c for c in messages.columns if c.startswith(("seen_", "expected_", "bound_"))]
+    return [*EXACT_FACTS, *bits]
+
+
+def _pair(**values: str) -> str:
+    """SQL: a pair's own fields (``PAIR_FIELDS``) as a struct; absent ones are null."""
+    fields = ", ".join(
+        f"'{name}', CAST({values.get(name, 'NULL')} AS {sql_type})"
+        for name, sql_type in PAIR_FIELDS
+    )
+    return f"named_struct({fields})"
+
+
+def message_pairs(
+    messages: DataFrame, day_start_ms: int, grace_ms: int, bit_groups: list[str]
+) -> DataFrame:
+    """``pairs`` straight from ``per_message``, for the messages it folded exactly: logged by a
+    producer, with lines from one group only, all of them on time or all late. Each of the
+    other messages of the day (orphan lines, lines of several groups, lines on both sides of
+    the deadline) is one row with the facts the exact path needs in ``exact``
+    (``EXACT_FACTS``, ``seen_w``, ``expected_w``) and null pair fields; the rows of the others
+    have a null ``exact``.
+
+    ``messages``: ``with_expected(per_message(...))``; ``bit_groups``: the names of the bits.
+    """
+    words = len([c for c in messages.columns if c.startswith("expected_")])
+    bits = _Bits(words)
+    day_end_ms = day_start_ms + 24 * HOUR_MS
+    deadline = f"window_ms + {HOUR_MS + grace_ms}"
+    on_time = f"last_line_ts < {deadline}"
+    folded = (
+        f"first_ts IS NOT NULL AND (line_count = 0 OR (min_group_hash = max_group_hash "
+        f"AND ({on_time} OR first_line_ts >= {deadline})))"
+    )
+    in_day = f"window_ms >= {day_start_ms} AND window_ms < {day_end_ms}"
+    # Orphan lines count only in the day; a message with none there has nothing to check.
+    orphan = f"first_ts IS NULL AND first_line_ts < {day_end_ms} AND last_line_ts >= {day_start_ms}"
+    logged = _pair(
+        group_hash="min_group_hash",
+        primary=f"CASE WHEN {bits.any_expected()} THEN {bits.is_first_expected('bit')} "
+        "ELSE true END",
+        expected=bits.expected("bit"),
+        deliveries=f"CASE WHEN {on_time} THEN line_count ELSE 0 END",
+        redelivered=f"CASE WHEN {on_time} THEN redelivered ELSE 0 END",
+        late_deliveries=f"CASE WHEN {on_time} THEN 0 ELSE line_count END",
+        first_consumed_ts=f"CASE WHEN {on_time} THEN first_consumed_ts END",
+        last_consumed_ts=f"CASE WHEN {on_time} THEN last_consumed_ts END",
+        lines="line_count",
+        unbound=bits.unbound("bit"),
+    )
+    empty = f"CAST(array() AS array<struct<{', '.join(f'{n}:{t}' for n, t in PAIR_FIELDS)}>>)"
+    silent = empty
+    if bit_groups:
+        names = sql_literal(bit_groups, "array<string>")
+        silent_bits = (
+            f"filter(sequence(0, {len(bit_groups) - 1}), "
+            f"i -> {bits.expected('i')} AND {bits.unseen('i')})"
+        )
+        # As many lines as the exact path's join rows: the message's lines, or its one row.
+        one = _pair(
+            group_hash=f"xxhash64(element_at({names}, i + 1))",
+            primary=bits.is_first_expected("i"),
+            expected="true",
+            deliveries="0",
+            redelivered="0",
+            late_deliveries="0",
+            lines="greatest(line_count, 1)",
+            unbound="false",
+        )
+        silent = f"transform({silent_bits}, i -> {one})"
+    nobody = _pair(
+        primary="true",
+        expected="false",
+        deliveries="0",
+        redelivered="0",
+        late_deliveries="0",
+        lines="1",
+        unbound="false",
+    )
+    exact = "named_struct(" + ", ".join(f"'{c}', {c}" for c in exact_facts(messages)) + ")"
+    pairs_sql = (
+        f"CASE WHEN NOT ({folded}) THEN array({_pair()}) "
+        f"WHEN line_count > 0 AND NOT ({bits.any_silent()}) THEN array({logged}) "
+        f"ELSE concat(CASE WHEN line_count > 0 THEN array({logged}) ELSE {empty} END, "
+        f"CASE WHEN {bits.any_silent()} THEN {silent} ELSE {empty} END, "
+        f"CASE WHEN line_count = 0 AND NOT ({bits.any_expected()}) THEN array({nobody}) "
+        f"ELSE {empty} END) END"
+    )
+    message = ["message_id", "first_ts", "window_ms", "key_hash", "attempts", "state"]
+    return (
+        messages.where(f"({folded} AND {in_day}) OR (NOT ({folded}) AND ({in_day} OR {orphan}))")
+        .selectExpr(
+            *message,
+            f"explode({pairs_sql}) AS p",
+            f"CASE WHEN NOT ({folded}) THEN {exact} END AS exact",
+        )
+        .selectExpr(
+            "message_id",
+            "p.group_hash",
+            "CAST(NULL AS string) AS orphan_consumer",
+            "CAST(NULL AS bigint) AS orphan_ts",
+            *message[1:],
+            *[f"p.{name}" for name, _ in PAIR_FIELDS[1:]],
+            "exact",
+        )
+    )
+
+
+def pairs(contributions: DataFrame) -> DataFrame:
+    """One row per (message, group), or per distinct orphan line (``lines`` = its copies).
+
+    Keyed under message_id, so the aggregate runs on the shuffle's partitions."""
+    return contributions.groupBy("message_id", "group_hash", "orphan_consumer", "orphan_ts").agg(
+        *[F.first(c).alias(c) for c in ("first_ts", "window_ms", "key_hash", "attempts", "state")],
+        F.max("primary").alias("primary"),
+        F.max("expected").alias("expected"),
+        F.sum("deliveries").alias("deliveries"),
+        F.sum("redelivered").alias("redelivered"),
+        F.sum("late").alias("late_deliveries"),
+        F.min("consuming_ts").alias("first_consumed_ts"),
+        F.max("consuming_ts").alias("last_consumed_ts"),
+        F.count(F.lit(1)).alias("lines"),
+        F.max("unbound").alias("unbound"),
+    )
