@@ -333,9 +333,7 @@ def _folded_rollup(
     # Kept in the rollup's partitions: the messages left for the exact path have a row each,
     # and they could be many.
     first_pass = _checkpoint(
-        rolled_up(
-            pairing.message_pairs(messages, day_start_ms, grace_ms, bit_groups), ("exact",)
-        )
+        rolled_up(pairing.message_pairs(messages, day_start_ms, grace_ms, bit_groups), ("exact",))
     )
     settled = first_pass.where("exact IS NULL").drop("exact")
     exact = first_pass.where("exact IS NOT NULL").select("exact.*")
