@@ -403,6 +403,9 @@ SPARK_MASTER = env_str("SPARK_MASTER", "local[*]")
 # executors and the machine running the audit share: the run fails, naming it, otherwise.
 AUDIT_WORK_DIR = os.environ.get("AUDIT_WORK_DIR", "")
 SPARK_DRIVER_MEMORY = env_str("SPARK_DRIVER_MEMORY", "2g")
+# On a cluster the executors hold the day, not the driver (README "Scaling out": ~0.5 GB per
+# million records of the day across executors). Empty: Spark's own default (1g).
+SPARK_EXECUTOR_MEMORY = env_str("SPARK_EXECUTOR_MEMORY", "")
 # Spark's default of 200 shuffle partitions is for clusters; a nightly slice on local[*] wants few.
 SPARK_SHUFFLE_PARTITIONS = env_int("SPARK_SHUFFLE_PARTITIONS", 8, minimum=1)
 AUDIT_TIMEOUT_SECONDS = env_int("AUDIT_TIMEOUT_SECONDS", 3 * 3600, minimum=1)

@@ -162,6 +162,8 @@ def run_spark(
     ]
     if now is not None:
         command += ["--now", now.isoformat()]
+    if settings.SPARK_EXECUTOR_MEMORY:
+        command[1:1] = ["--executor-memory", settings.SPARK_EXECUTOR_MEMORY]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(REPO)}
     try:
         proc = subprocess.run(
