@@ -162,33 +162,7 @@ def audit_frames(
         )
         rolled = _rolled(facts, producer_raw, consumer_raw, store, day_start_ms, grace_ms, now_ms)
     by_key, overall = metrics.nearest_rank_quantiles(metrics.latency_histogram(rolled).toArrow())
-    malformed_by_hour = defaultdict(int)
-    for window_ms, lines in facts.malformed:
-        malformed_by_hour[window_ms] += lines
-    gaps_by_hour = Counter(gap[3] for gap in facts.gaps)
-    missing_by_hour = Counter(window for window, _ in facts.missing_logs)
-    day_hours = range(day_start_ms, day_start_ms + 24 * HOUR_MS, HOUR_MS)
-    hours = log_facts.local_frame(
-        spark,
-        [(h, malformed_by_hour[h], gaps_by_hour[h], missing_by_hour[h]) for h in day_hours],
-        [
-            ("window_ms", "bigint"),
-            ("malformed_lines", "bigint"),
-            ("input_gaps", "bigint"),
-            ("missing_consumer_logs", "bigint"),
-        ],
-    )
-    # The input gaps, and (process null) the groups that wrote no line where they were expected.
-    gaps = log_facts.local_frame(
-        spark,
-        facts.gaps + [("consumer", None, group, window) for window, group in facts.missing_logs],
-        [
-            ("source", "string"),
-            ("process", "string"),
-            ("consumer_group", "string"),
-            ("hour_ms", "bigint"),
-        ],
-    )
+    malformed_by_hour, hours, gaps = _input_frames(spark, facts, day_start_ms)
     provenance = log_facts.local_frame(spark, facts.provenance, log_facts.PROVENANCE_COLUMNS)
     return {
         "windows": metrics.window_metrics(
@@ -225,6 +199,39 @@ def audit_frames(
             "AS expected_until",
         ),
     }
+
+
+def _input_frames(spark, facts, day_start_ms):
+    """What the logs' summary says about the inputs, as small frames: per hour of the day the
+    malformed lines, input gaps and missing consumer logs; and the gaps themselves (with, as
+    process null, the groups that wrote no line where they were expected)."""
+    malformed_by_hour = defaultdict(int)
+    for window_ms, lines in facts.malformed:
+        malformed_by_hour[window_ms] += lines
+    gaps_by_hour = Counter(gap[3] for gap in facts.gaps)
+    missing_by_hour = Counter(window for window, _ in facts.missing_logs)
+    day_hours = range(day_start_ms, day_start_ms + 24 * HOUR_MS, HOUR_MS)
+    hours = log_facts.local_frame(
+        spark,
+        [(h, malformed_by_hour[h], gaps_by_hour[h], missing_by_hour[h]) for h in day_hours],
+        [
+            ("window_ms", "bigint"),
+            ("malformed_lines", "bigint"),
+            ("input_gaps", "bigint"),
+            ("missing_consumer_logs", "bigint"),
+        ],
+    )
+    gaps = log_facts.local_frame(
+        spark,
+        facts.gaps + [("consumer", None, group, window) for window, group in facts.missing_logs],
+        [
+            ("source", "string"),
+            ("process", "string"),
+            ("consumer_group", "string"),
+            ("hour_ms", "bigint"),
+        ],
+    )
+    return malformed_by_hour, hours, gaps
 
 
 def observed_spans(rolled: DataFrame) -> list[tuple]:

@@ -2,6 +2,7 @@
 rabbitmq_prometheus counters, its management API) and the real collector; a real disk alarm
 (disruptive: it blocks every publisher on the shared broker while it lasts)."""
 
+import datetime
 import json
 import subprocess
 import time
@@ -10,6 +11,7 @@ import pika
 import pytest
 from django.conf import settings
 from django.core.cache import cache
+from django.utils import timezone
 
 from recovery.alerts.deliver import deliver_due
 from recovery.alerts.engine import evaluate
@@ -215,7 +217,17 @@ def test_a_real_disk_alarm_fires_blocks_publishers_and_resolves(client, viewer):
     [before] = management.request("GET", "/nodes")
     assert not before["disk_free_alarm"]
     hook = Receiver()
-    alarm_rule = rule("broker_alarm", channels=[webhook(hook.url)])
+    channel = webhook(hook.url)
+    alarm_rule = rule(
+        "broker_alarm", channels=[channel], remind_every=datetime.timedelta(minutes=5)
+    )
+    muted_rule = rule(
+        "broker_alarm",
+        name="broker_alarm muted",
+        channels=[channel],
+        remind_every=datetime.timedelta(minutes=5),
+        muted_until=timezone.now() + datetime.timedelta(hours=1),
+    )
     publisher = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
     try:
         rabbitmqctl("set_disk_free_limit", str(before["disk_free"] * 10))
@@ -235,7 +247,11 @@ def test_a_real_disk_alarm_fires_blocks_publishers_and_resolves(client, viewer):
             timeout=20,
             message="a blocked connection",
         )
-        evaluate()
+        now = timezone.now()
+        first = evaluate(now=now)
+        assert (first[alarm_rule.pk], first[muted_rule.pk]) == ("firing", "firing")
+        later = evaluate(now=now + datetime.timedelta(minutes=6))
+        assert (later[alarm_rule.pk], later[muted_rule.pk]) == ("reminder", None)
         alarm_rule.refresh_from_db()
         assert alarm_rule.state == AlertRule.State.FIRING
         assert any("disk alarm" in item for item in alarm_rule.last_items)
@@ -253,10 +269,16 @@ def test_a_real_disk_alarm_fires_blocks_publishers_and_resolves(client, viewer):
         )
         publisher.close()
         cache.clear()
-    evaluate()
+    resolved = evaluate(now=timezone.now() + datetime.timedelta(minutes=7))
+    assert (resolved[alarm_rule.pk], resolved[muted_rule.pk]) == ("resolved", "resolved")
     alarm_rule.refresh_from_db()
     assert alarm_rule.state == AlertRule.State.OK
-    deliver_due()
-    events = [json.loads(r["body"])["event"] for r in hook.requests]
+    deliver_due(now=timezone.now() + datetime.timedelta(minutes=7))
+    sent = [json.loads(r["body"]) for r in hook.requests]
     hook.close()
-    assert events == ["firing", "resolved"]
+    # The muted twin changed state with it and told nobody.
+    assert [(p["rule"]["id"], p["event"]) for p in sent] == [
+        (alarm_rule.pk, "firing"),
+        (alarm_rule.pk, "reminder"),
+        (alarm_rule.pk, "resolved"),
+    ]
