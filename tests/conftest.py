@@ -47,6 +47,21 @@ def wait_for(predicate, timeout=15.0, interval=0.05, message="condition"):
     raise AssertionError(f"timed out after {timeout}s waiting for {message}")
 
 
+def worker_env(**extra):
+    """The environment of a real worker process on this session's database and vhost."""
+    from django.db import connection
+
+    db = connection.settings_dict
+    return {
+        **os.environ,
+        "DATABASE_URL": f"postgresql://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "RABBITMQ_URL": settings.RABBITMQ_URL,
+        "CELERY_BROKER_URL": settings.RABBITMQ_URL,
+        "COLLECTOR_FLUSH_SECONDS": "0.05",
+        **extra,
+    }
+
+
 def point_celery_at(url):
     """Send this process's Celery tasks to ``url`` (dropping pools made for another URL)."""
     from console.celery import app

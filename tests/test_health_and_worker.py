@@ -10,10 +10,9 @@ import urllib.parse
 import pika
 import pytest
 from django.conf import settings
-from django.db import connection
 
 from recovery.models import CollectorHeartbeat, Message
-from tests.conftest import make_user, wait_for
+from tests.conftest import make_user, wait_for, worker_env
 
 
 @pytest.mark.django_db(transaction=True)
@@ -35,14 +34,7 @@ def test_healthz_says_503_when_the_broker_is_unreachable(client, db, settings):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_celery_worker_runs_the_collector(wired, clean_queues, tmp_path):
-    db = connection.settings_dict
-    env = {
-        **os.environ,
-        "DATABASE_URL": f"postgresql://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        "RABBITMQ_URL": settings.RABBITMQ_URL,
-        "CELERY_BROKER_URL": settings.RABBITMQ_URL,
-        "COLLECTOR_FLUSH_SECONDS": "0.05",
-    }
+    env = worker_env()
     log_file = (tmp_path / "worker.log").open("wb")
     worker = subprocess.Popen(
         [

@@ -241,7 +241,22 @@ def recount(table, rebuild_sql):
         cur.execute(rebuild_sql)
 
 
-class MessageCount(models.Model):
+class CountKey(models.Model):
+    """What the count tables count messages by (besides MessageCount's hour)."""
+
+    vhost = models.CharField(max_length=255)
+    kind = models.CharField(max_length=16)
+    source_queue = models.CharField(max_length=255)
+    source_exchange = models.CharField(max_length=255)
+    reason = models.CharField(max_length=16)
+    status = models.CharField(max_length=16)
+    group_key = models.CharField(max_length=64)
+
+    class Meta:
+        abstract = True
+
+
+class MessageCount(CountKey):
     """Message counts per hour x vhost x kind x source x reason x status x failure group.
 
     Written only by statement-level triggers on ``recovery_message`` (migration 0004): every
@@ -252,13 +267,6 @@ class MessageCount(models.Model):
     """
 
     hour = models.DateTimeField()
-    vhost = models.CharField(max_length=255)
-    kind = models.CharField(max_length=16)
-    source_queue = models.CharField(max_length=255)
-    source_exchange = models.CharField(max_length=255)
-    reason = models.CharField(max_length=16)
-    status = models.CharField(max_length=16)
-    group_key = models.CharField(max_length=64)
     n = models.BigIntegerField()
 
     # Rows stay hourly from the UTC midnight before (now - HOURLY_FOR) on, which covers the
@@ -327,7 +335,7 @@ class MessageCount(models.Model):
         recount(cls._meta.db_table, REBUILD_COUNTS_SQL)
 
 
-class MessageTotal(models.Model):
+class MessageTotal(CountKey):
     """Message counts per vhost x kind x source x reason x status x failure group, over all time,
     with the hour of the first message counted under the key (``first_hour``).
 
@@ -338,13 +346,6 @@ class MessageTotal(models.Model):
     a key whose sum is zero is dropped, so a group whose messages were all deleted (retention)
     is new again when it comes back."""
 
-    vhost = models.CharField(max_length=255)
-    kind = models.CharField(max_length=16)
-    source_queue = models.CharField(max_length=255)
-    source_exchange = models.CharField(max_length=255)
-    reason = models.CharField(max_length=16)
-    status = models.CharField(max_length=16)
-    group_key = models.CharField(max_length=64)
     first_hour = models.DateTimeField()
     n = models.BigIntegerField()
 

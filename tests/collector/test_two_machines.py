@@ -12,10 +12,9 @@ import sys
 import pika
 import pytest
 from django.conf import settings
-from django.db import connection
 
 from recovery.models import CollectorHeartbeat, Message
-from tests.conftest import wait_for
+from tests.conftest import wait_for, worker_env
 
 pytestmark = [pytest.mark.slow]
 
@@ -31,16 +30,7 @@ MACHINES = {
 
 
 def start_worker(hostname, extra_env, log_path):
-    db = connection.settings_dict
-    env = {
-        **os.environ,
-        "DATABASE_URL": f"postgresql://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        "RABBITMQ_URL": settings.RABBITMQ_URL,
-        "CELERY_BROKER_URL": settings.RABBITMQ_URL,
-        "COLLECTOR_PROCESSES": "1",
-        "COLLECTOR_FLUSH_SECONDS": "0.05",
-        **extra_env,
-    }
+    env = worker_env(COLLECTOR_PROCESSES="1", **extra_env)
     command = [
         sys.executable, "-m", "celery", "-A", "console", "worker", "--collector",
         "--pool", "solo", "-l", "warning", "-n", f"lazarus@{hostname}",
