@@ -12,7 +12,7 @@ test: setup
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 	.venv/bin/mypy
-	.venv/bin/python -m pytest -m "not disruptive"
+	.venv/bin/python -m pytest -m "not disruptive" --durations=25
 	.venv/bin/python -m pytest --run-disruptive -m disruptive
 
 lint:

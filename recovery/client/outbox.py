@@ -240,7 +240,9 @@ def forward_outbox(dsn, url, returns_queue="recovery.returns", batch=FORWARD_BAT
     moved = 0
     with psycopg.connect(dsn, autocommit=True, prepare_threshold=None) as conn:
         ensure_tables(conn, OUTBOX_DDL)
-        amqp = pika.BlockingConnection(pika.URLParameters(url))
+        # ``url`` may list a cluster's nodes: the first that answers takes the batch.
+        urls = [url] if isinstance(url, str) else list(url)
+        amqp = pika.BlockingConnection([pika.URLParameters(u) for u in urls])
         try:
             channel = amqp.channel()
             channel.confirm_delivery()

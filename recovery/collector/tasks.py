@@ -9,6 +9,7 @@ from celery import shared_task
 from django.conf import settings
 
 from recovery import db
+from recovery.broker.connection import node_urls
 from recovery.client import forward_outbox
 from recovery.db import database_conninfo
 
@@ -28,6 +29,4 @@ def forward_client_outbox():
     conninfo = database_conninfo("lazarus-outbox")
     if not outbox_exists(conninfo):
         return 0
-    return forward_outbox(
-        conninfo, settings.RABBITMQ_URL, returns_queue=settings.RECOVERY_RETURNS_QUEUE
-    )
+    return forward_outbox(conninfo, node_urls(), returns_queue=settings.RECOVERY_RETURNS_QUEUE)
