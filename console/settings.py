@@ -361,6 +361,14 @@ COLLECTOR_PROCESSES = env_int("COLLECTOR_PROCESSES", 0, minimum=0)
 # Replay.
 # How often the search indexer copies new messages into the trigram-indexed search table.
 SEARCH_INDEX_SECONDS = env_float("SEARCH_INDEX_SECONDS", 2.0)
+# While at least this many messages wait in the recovery queues (a flood being dead-lettered),
+# the indexer waits: on a small machine its trigram-index writes take the cores the collector
+# needs (bench/collector.py --race --as-run, 30k: race ratio 0.72 with the indexer running, 0.78
+# without). Storing comes first; searches read the unindexed tail directly meanwhile. It waits
+# at most SEARCH_INDEX_MAX_DEFER_SECONDS (the oldest unindexed message's age), then indexes
+# anyway. 0: never waits.
+SEARCH_INDEX_DEFER_BACKLOG = env_int("SEARCH_INDEX_DEFER_BACKLOG", 1000, minimum=0)
+SEARCH_INDEX_MAX_DEFER_SECONDS = env_float("SEARCH_INDEX_MAX_DEFER_SECONDS", 60.0)
 REPLAY_CONFIRM_TIMEOUT_SECONDS = env_float("REPLAY_CONFIRM_TIMEOUT_SECONDS", 30.0)
 POISON_THRESHOLD = env_int("POISON_THRESHOLD", 3, minimum=1)
 RETENTION_DAYS = env_int("RETENTION_DAYS", 30, minimum=1)

@@ -15,6 +15,7 @@ the whole store. Runs never overlap: a PostgreSQL advisory lock serialises them 
 import logging
 import time
 
+from django.conf import settings
 from django.db import connection
 
 from recovery import db
@@ -142,6 +143,30 @@ def sweep():
 
 # /healthz counts no further: right after migration 0010 every message of a big store is above
 # the mark, and a health check must not count millions of rows each time it is polled.
+def oldest_unindexed_age():
+    """Seconds since the oldest message above the high-water mark was stored; None: none."""
+    with connection.cursor() as cur:
+        cur.execute(
+            f"SELECT extract(epoch FROM now() - collected_at) FROM {MESSAGES} "
+            f"WHERE id > {HIGH_WATER_SQL} ORDER BY id LIMIT 1"
+        )
+        row = cur.fetchone()
+    return float(row[0]) if row else None
+
+
+def deferred(backlog) -> float | None:
+    """Whether a run should wait for the collector (``backlog``: messages waiting in the recovery
+    queues; settings SEARCH_INDEX_DEFER_BACKLOG): the index's lag in seconds if so, else None.
+    Never beyond SEARCH_INDEX_MAX_DEFER_SECONDS of lag."""
+    threshold = settings.SEARCH_INDEX_DEFER_BACKLOG
+    if not threshold or backlog < threshold:
+        return None
+    age = oldest_unindexed_age()
+    if age is None or age >= settings.SEARCH_INDEX_MAX_DEFER_SECONDS:
+        return None
+    return age
+
+
 UNINDEXED_COUNT_LIMIT = 100_000
 
 

@@ -4,6 +4,8 @@ Every search test runs twice: before the indexer ran (the documents are computed
 the unindexed newest rows) and after (read from the trigram-indexed MessageSearch table).
 """
 
+import datetime
+
 import psycopg
 import pytest
 from django.db import connection, transaction
@@ -221,3 +223,38 @@ def test_index_search_command_indexes_everything_above_the_mark():
     call_command("index_search", "--all", stdout=out)
     assert out.getvalue().strip() == "3 messages indexed; 0 above the mark"
     assert MessageSearch.objects.count() == 3
+
+
+@pytest.mark.usefixtures("clean_queues")
+def test_the_indexer_leaves_the_cores_to_the_collector_during_a_flood_but_not_for_long(
+    amqp, settings
+):
+    from django.utils import timezone
+
+    from recovery.search.tasks import collector_backlog, index_new_messages
+    from tests.conftest import wait_for
+
+    settings.SEARCH_INDEX_DEFER_BACKLOG = 5
+    settings.SEARCH_INDEX_MAX_DEFER_SECONDS = 60
+    message = make_message(message_id="stored-during-a-flood")
+    for _ in range(5):  # no collector runs here: they wait in its queue, as in a flood
+        amqp.basic_publish("", settings.RECOVERY_DEAD_LETTER_QUEUE, b"waiting")
+    wait_for(lambda: collector_backlog() >= 5, message="the backlog")
+
+    assert index_new_messages() == 0  # it waits ...
+    assert not MessageSearch.objects.filter(message_id=message.pk).exists()
+    assert Message.objects.filter(pk=message.pk).exists()  # (searches read the tail meanwhile)
+
+    # ... but never more than SEARCH_INDEX_MAX_DEFER_SECONDS behind.
+    Message.objects.filter(pk=message.pk).update(
+        collected_at=timezone.now() - datetime.timedelta(seconds=61)
+    )
+    assert index_new_messages() == 1
+    assert MessageSearch.objects.filter(message_id=message.pk).exists()
+
+    # Without a flood it indexes at once.
+    amqp.queue_purge(settings.RECOVERY_DEAD_LETTER_QUEUE)
+    wait_for(lambda: collector_backlog() == 0, message="the queue empty")
+    fresh = make_message(message_id="stored-after-the-flood")
+    assert index_new_messages() >= 1
+    assert MessageSearch.objects.filter(message_id=fresh.pk).exists()
