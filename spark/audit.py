@@ -11,17 +11,14 @@ import math
 import os
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 
 if __package__ in (None, ""):  # run as a script by spark-submit: make `spark.*` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
-from spark import log_facts, metrics, pairing, transforms
+from spark import evidence, expectations, log_facts, metrics, rollup
 from spark.schema import (
     CONSUMER_LOG_SCHEMA,
     CONSUMER_REQUIRED,
@@ -36,12 +33,6 @@ from spark.schema import (
     read_logs,
 )
 
-# Messages the exact path broadcasts to pick their lines out of the consumer logs; more are
-# joined by a shuffle.
-EXACT_BROADCAST_LIMIT = 1_000_000
-# Above this share of possibly several-group lines (``LogFacts.multi_group_lines``) among the
-# producer lines, the audit joins every message to its lines instead of folding them.
-FOLD_MAX_MULTI_GROUP_SHARE = 0.2
 OUTPUTS = (
     "windows",
     "totals",
@@ -96,18 +87,8 @@ def run_audit(
     now_ms = epoch_ms(_as_datetime(now))
     day_start = datetime(day.year, day.month, day.day, tzinfo=UTC)
     day_start_ms = epoch_ms(day_start)
-    grace_hours = math.ceil(grace_ms / HOUR_MS)
-    lookback_hours = max(1, grace_hours)
-
-    producer_files = list_log_files(
-        spark,
-        producer_logs,
-        hour_partitions(
-            day_start - timedelta(hours=lookback_hours), 24 + lookback_hours + grace_hours
-        ),
-    )
-    consumer_files = list_log_files(
-        spark, consumer_logs, hour_partitions(day_start - timedelta(hours=1), 25 + grace_hours)
+    producer_files, consumer_files = _day_files(
+        spark, producer_logs, consumer_logs, day_start, math.ceil(grace_ms / HOUR_MS)
     )
     producer_raw = read_logs(
         spark, producer_files, producer_logs, PRODUCER_LOG_SCHEMA, PRODUCER_REQUIRED
@@ -129,6 +110,25 @@ def run_audit(
     return outputs
 
 
+def _day_files(
+    spark: SparkSession, producer_logs: str, consumer_logs: str, day_start, grace_hours: int
+) -> tuple[list[str], list[str]]:
+    """The log files an audit of the day reads: producer hours from max(1 h, grace) before the
+    day to the grace after it, consumer hours from the hour before the day to the grace after."""
+    lookback_hours = max(1, grace_hours)
+    producer_files = list_log_files(
+        spark,
+        producer_logs,
+        hour_partitions(
+            day_start - timedelta(hours=lookback_hours), 24 + lookback_hours + grace_hours
+        ),
+    )
+    consumer_files = list_log_files(
+        spark, consumer_logs, hour_partitions(day_start - timedelta(hours=1), 25 + grace_hours)
+    )
+    return producer_files, consumer_files
+
+
 def audit_frames(
     producer_raw: DataFrame,
     consumer_raw: DataFrame,
@@ -142,15 +142,15 @@ def audit_frames(
     """The audit over parsed inputs (``read_logs`` frames, store export, bindings entries).
 
     One small job summarises both logs onto the driver (``spark/log_facts.py``); then the
-    rollup (``_rolled``). When the rollup shows groups consuming keys no binding names for
+    rollup (``spark/rollup.py``). When the rollup shows groups consuming keys no binding names for
     them, those become ``observed`` expectations and the rollup is built again with them: a
     second pass only for the days that need it (a day whose consumers are all bound costs one).
     """
     spark = producer_raw.sparkSession
     summary = log_facts.log_summary(producer_raw, consumer_raw).collect()
     facts = log_facts.LogFacts.from_summary(summary, bindings, day_start_ms, grace_ms, now_ms)
-    rolled = _rolled(facts, producer_raw, consumer_raw, store, day_start_ms, grace_ms, now_ms)
-    spans = observed_spans(rolled)
+    rolled = rollup.rolled(facts, producer_raw, consumer_raw, store, day_start_ms, grace_ms, now_ms)
+    spans = rollup.observed_spans(rolled)
     if spans:
         facts = log_facts.LogFacts.from_summary(
             summary,
@@ -158,9 +158,11 @@ def audit_frames(
             day_start_ms,
             grace_ms,
             now_ms,
-            observed=log_facts.observed_expectations(spans),
+            observed=expectations.observed_expectations(spans),
         )
-        rolled = _rolled(facts, producer_raw, consumer_raw, store, day_start_ms, grace_ms, now_ms)
+        rolled = rollup.rolled(
+            facts, producer_raw, consumer_raw, store, day_start_ms, grace_ms, now_ms
+        )
     by_key, overall = metrics.nearest_rank_quantiles(metrics.latency_histogram(rolled).toArrow())
     malformed_by_hour, hours, gaps = _input_frames(spark, facts, day_start_ms)
     provenance = log_facts.local_frame(spark, facts.provenance, log_facts.PROVENANCE_COLUMNS)
@@ -183,19 +185,19 @@ def audit_frames(
             sla_ms,
             now_ms,
         ),
-        "lost": metrics.lost_evidence(rolled, provenance),
-        "duplicates": metrics.duplicate_evidence(rolled),
-        "orphans": metrics.orphan_evidence(rolled),
-        "unclaimed": metrics.unclaimed_evidence(rolled),
-        "input_gaps": metrics.gap_evidence(gaps),
+        "lost": evidence.lost_evidence(rolled, provenance),
+        "duplicates": evidence.duplicate_evidence(rolled),
+        "orphans": evidence.orphan_evidence(rolled),
+        "unclaimed": evidence.unclaimed_evidence(rolled),
+        "input_gaps": evidence.gap_evidence(gaps),
         "expectations": provenance.selectExpr(
             "exchange",
             "routing_key",
             "consumer_group",
             "source",
-            f"CASE WHEN from_ms > {log_facts.SPAN_START} THEN timestamp_millis(from_ms) END "
+            f"CASE WHEN from_ms > {expectations.SPAN_START} THEN timestamp_millis(from_ms) END "
             "AS expected_from",
-            f"CASE WHEN until_ms < {log_facts.SPAN_END} THEN timestamp_millis(until_ms) END "
+            f"CASE WHEN until_ms < {expectations.SPAN_END} THEN timestamp_millis(until_ms) END "
             "AS expected_until",
         ),
     }
@@ -232,147 +234,6 @@ def _input_frames(spark, facts, day_start_ms):
         ],
     )
     return malformed_by_hour, hours, gaps
-
-
-def observed_spans(rolled: DataFrame) -> list[tuple]:
-    """(exchange, routing_key, consumer_group, first window, last window) of the messages
-    each group consumed of a key no binding or configuration names it for."""
-    return [
-        tuple(row)
-        for row in rolled.where("unbound_consumption > 0")
-        .groupBy("exchange", "unbound_routing_key", "consumer_group")
-        .agg(F.min("window_ms"), F.max("window_ms"))
-        .orderBy("exchange", "unbound_routing_key", "consumer_group")
-        .collect()
-    ]
-
-
-def _rolled(
-    facts: log_facts.LogFacts,
-    producer_raw: DataFrame,
-    consumer_raw: DataFrame,
-    store: DataFrame,
-    day_start_ms: int,
-    grace_ms: int,
-    now_ms: int,
-) -> DataFrame:
-    """One job shuffles the lines by message_id, folds them per message, builds the pairs of
-    the messages the fold settles and stores their ``metrics.rollup`` as a local checkpoint,
-    with a row for each message it does not settle; if there are any, a second job builds
-    their pairs the exact way (``pairing.pair_contributions``) and checkpoints both rollups
-    together. Every output reads that checkpoint. The checkpoint cuts the lineage: each output
-    is planned over a one-node plan instead of the whole audit's (analysis, cache lookups and
-    optimisation of that plan cost seconds per output). Its blocks go with the frames.
-    """
-    spark = producer_raw.sparkSession
-    keys = log_facts.local_frame(spark, facts.keys, log_facts.KEY_COLUMNS)
-    expectations = log_facts.local_frame(spark, facts.expectations, facts.expectation_columns())
-    bits = log_facts.local_frame(
-        spark,
-        [(g, i) for i, g in enumerate(facts.bit_groups)],
-        [("consumer_group", "string"), ("bit", "int")],
-    )
-    producers = transforms.by_message(
-        transforms.keyed_producer_lines(transforms.valid_lines(producer_raw), day_start_ms)
-    )
-    # The fold settles the messages whose lines come from one group; when many messages may
-    # have lines from several (fanout bindings, unbound groups), every message takes the join.
-    fold = facts.multi_group_lines <= FOLD_MAX_MULTI_GROUP_SHARE * facts.producer_lines
-    consumers = transforms.by_message(
-        (transforms.message_lines if fold else transforms.grouped_consumer_lines)(
-            transforms.valid_lines(consumer_raw), bits
-        )
-    )
-    messages = transforms.with_expected(
-        transforms.per_message(producers, consumers, facts.words), expectations, facts.words
-    )
-    stored = transforms.store_rows(
-        store,
-        log_facts.local_frame(
-            spark, facts.queue_groups, [("queue", "string"), ("consumer_group", "string")]
-        ),
-    )
-    # The pairs carry a group's hash; the rolled rows get its name back.
-    group_names = log_facts.local_frame(
-        spark, [(g,) for g in facts.groups], [("consumer_group", "string")]
-    ).select(log_facts.group_hash().alias("group_hash"), "consumer_group")
-    gap_windows = log_facts.local_frame(
-        spark, facts.gap_windows, [("window_ms", "bigint"), ("consumer_group", "string")]
-    )
-
-    def rolled_up(pairs: DataFrame, carry: tuple[str, ...] = ()) -> DataFrame:
-        classified = transforms.with_key_names(
-            transforms.classify_pairs(transforms.with_store(pairs, stored), carry), keys
-        )
-        return (
-            transforms.mark_gaps(metrics.rollup(classified, grace_ms, now_ms, carry), gap_windows)
-            .join(F.broadcast(group_names), on="group_hash", how="left")
-            .drop("group_hash")
-        )
-
-    if fold:
-        return _folded_rollup(
-            messages, consumer_raw, bits, rolled_up, day_start_ms, grace_ms, facts.bit_groups
-        )
-    pairs = pairing.pairs(
-        pairing.pair_contributions(
-            messages.select(*pairing.exact_facts(messages)),
-            consumers,
-            day_start_ms,
-            grace_ms,
-            facts.bit_groups,
-        )
-    )
-    return _checkpoint(rolled_up(pairs), one_partition=True)
-
-
-def _folded_rollup(
-    messages: DataFrame,
-    consumer_raw: DataFrame,
-    bits: DataFrame,
-    rolled_up: Callable[..., DataFrame],
-    day_start_ms: int,
-    grace_ms: int,
-    bit_groups: list[str],
-) -> DataFrame:
-    """The rollup of ``pairing.message_pairs``, plus that of the exact path's pairs for the
-    messages the fold left (their lines picked out of the consumer logs again), checkpointed."""
-    # Kept in the rollup's partitions: the messages left for the exact path have a row each,
-    # and they could be many.
-    first_pass = _checkpoint(
-        rolled_up(pairing.message_pairs(messages, day_start_ms, grace_ms, bit_groups), ("exact",))
-    )
-    settled = first_pass.where("exact IS NULL").drop("exact")
-    exact = first_pass.where("exact IS NOT NULL").select("exact.*")
-    exact_messages = exact.count()
-    if not exact_messages:
-        return settled.coalesce(1)  # one partition, as _checkpoint's, without a second copy
-    # The exact path: the messages the first pass could not fold, with their lines.
-    ids = exact.select("message_id")
-    lines = transforms.valid_lines(consumer_raw).join(
-        F.broadcast(ids) if exact_messages <= EXACT_BROADCAST_LIMIT else ids,
-        on="message_id",
-        how="left_semi",
-    )
-    pairs = pairing.pairs(
-        pairing.pair_contributions(
-            exact,
-            transforms.by_message(transforms.grouped_consumer_lines(lines, bits)),
-            day_start_ms,
-            grace_ms,
-            bit_groups,
-        )
-    )
-    return _checkpoint(settled.unionByName(rolled_up(pairs)), one_partition=True)
-
-
-def _checkpoint(frame: DataFrame, one_partition: bool = False) -> DataFrame:
-    """``frame`` computed here, eagerly, once; the checkpoint cuts its lineage. The final
-    rollup goes in one partition: it is small, and a single partition satisfies every grouping
-    and join of the outputs, so each output is one stage instead of a chain of shuffles."""
-    if one_partition:
-        frame = frame.repartition(1)
-    return frame.localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
 
 
 def manifest_frame(spark: SparkSession, producer_files, consumer_files) -> DataFrame:

@@ -3,26 +3,26 @@
 ``log_summary`` is the one Spark job: line counts per log, process, file hour, malformed flag and
 a few keys, as small as processes x hours x keys. ``LogFacts.from_summary`` derives the rest on
 the driver in plain Python: the consumer groups each (exchange, routing key) is expected to
-reach and when (``Expectation``: bindings history, configuration, observation), the input gaps
-and the groups that wrote no line where they were expected, malformed lines per hour and which
-queue belongs to which group. ``local_frame``
-hands such rows back to Spark as a local relation, which a broadcast join reads without a job.
+reach and when (``spark/expectations.py``: bindings history, configuration, observation), the
+input gaps and the groups that wrote no line where they were expected, malformed lines per hour
+and which queue belongs to which group. ``local_frame`` hands such rows back to Spark as a local
+relation, which a broadcast join reads without a job.
 Definitions: the docstring of ``spark/transforms.py``.
 """
 
 import math
-import re
 from collections import defaultdict
 from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
-from spark.schema import HOUR_MS, topic_pattern_regex
-
-# A set of bound groups is a bitmask of ``LogFacts.words`` longs, 63 bits each: never negative,
-# so ``x & -x`` (the lowest bit) cannot overflow.
-WORD_BITS = 63
+from spark.expectations import (
+    WORD_BITS,
+    Expectation,
+    key_expectations,
+)
+from spark.schema import HOUR_MS
 
 
 def key_hash() -> Column:
@@ -142,74 +142,21 @@ def gap_windows(gaps, grace_ms: int) -> list[tuple]:
     return sorted(windows, key=lambda w: (w[0], w[1] or ""))
 
 
-# Unbounded ends of an expectation's time span (epoch ms), far from any real timestamp.
-SPAN_START, SPAN_END = -(1 << 62), 1 << 62
-# Which source an expectation came from, strongest first: what the evidence shows.
-SOURCES = ("configured", "bound", "observed")
-
-
-@dataclass(frozen=True)
-class Expectation:
-    """A consumer group expected to receive (exchange, routing key) messages first published in
-    [from_ms, until_ms): from a binding (``bound``: the bindings history or a snapshot),
-    ``AUDIT_BINDINGS`` (``configured``) or the consumer logs (``observed``, an exact key)."""
-
-    exchange: str
-    pattern: str
-    consumer_group: str
-    queue: str | None = None
-    source: str = "bound"
-    from_ms: int = SPAN_START
-    until_ms: int = SPAN_END
-    exact: bool = False
-
-    @classmethod
-    def from_binding(cls, entry: dict) -> "Expectation":
-        """A bindings entry: ``exchange``, ``routing_key`` (topic pattern), ``consumer_group``,
-        optional ``queue``, ``source`` (bound | configured), ``from_ms``/``until_ms`` (null:
-        unbounded)."""
-        source = entry.get("source") or "bound"
-        if source not in SOURCES:
-            raise ValueError(f"unknown expectation source {source!r}")
-        from_ms, until_ms = entry.get("from_ms"), entry.get("until_ms")
-        return cls(
-            exchange=entry["exchange"],
-            pattern=entry["routing_key"],
-            consumer_group=entry["consumer_group"],
-            queue=entry.get("queue"),
-            source=source,
-            from_ms=SPAN_START if from_ms is None else int(from_ms),
-            until_ms=SPAN_END if until_ms is None else int(until_ms),
-        )
-
-    def matcher(self):
-        if self.exact:
-            return lambda key: key == self.pattern
-        return re.compile(topic_pattern_regex(self.pattern)).fullmatch
-
-
-def observed_expectations(spans) -> list[Expectation]:
-    """(exchange, routing_key, consumer_group, first window, last window) of the consumptions
-    of keys a group was never bound to -> ``observed`` expectations from the first window's
-    start to the last one's end (the metric definitions: transforms.py "expected group")."""
-    return [
-        Expectation(exchange, key, group, None, "observed", first, last + HOUR_MS, exact=True)
-        for exchange, key, group, first, last in spans
-    ]
-
-
-def segments(spans) -> list[tuple[int, int, frozenset]]:
-    """[(group, from, until)] -> [(from, until, groups)]: the time split where the set of
-    groups changes, adjacent pieces with equal sets merged, empty sets left out."""
-    cuts = sorted({SPAN_START, SPAN_END} | {f for _, f, _ in spans} | {u for _, _, u in spans})
-    out = []
-    for lo, hi in zip(cuts, cuts[1:], strict=False):
-        groups = frozenset(g for g, f, u in spans if f <= lo and hi <= u)
-        if out and out[-1][2] == groups and out[-1][1] == lo:
-            out[-1] = (out[-1][0], hi, groups)
-        else:
-            out.append((lo, hi, groups))
-    return [s for s in out if s[2]]
+def _log_gaps(summary, day_start_ms: int, day_end_ms: int, grace_ms: int) -> list[tuple]:
+    """The input gaps of the day: producer hours of the day, consumer hours up to the grace."""
+    hours = {
+        (r.source, r.process, r.consumer_group, r.file_hour_ms)
+        for r in summary
+        if r.process is not None and r.malformed is None
+    }
+    grace_hours = math.ceil(grace_ms / HOUR_MS)
+    return input_gaps(
+        [h for h in hours if h[0] == "producer"], day_start_ms, day_end_ms
+    ) + input_gaps(
+        [h for h in hours if h[0] == "consumer"],
+        day_start_ms,
+        day_end_ms + grace_hours * HOUR_MS,
+    )
 
 
 @dataclass(frozen=True)
@@ -257,40 +204,13 @@ class LogFacts:
         _distinct_ids({r.consumer_group: r.group_hash for r in consumer}.items(), "groups")
 
         configured = [Expectation.from_binding(b) for b in bindings]
-        every = [*configured, *observed]
         bound = sorted({e.consumer_group for e in configured})
         logged = {r.consumer_group for r in consumer}
         bit_groups = sorted(set(bound) | logged | {e.consumer_group for e in observed})
-        bit = {group: i for i, group in enumerate(bit_groups)}
         words = max(1, math.ceil(len(bit_groups) / WORD_BITS))
-        matchers = [(e, e.matcher()) for e in every]
-
-        def mask(groups) -> list[int]:
-            words_ = [0] * words
-            for group in groups:
-                words_[bit[group] // WORD_BITS] |= 1 << (bit[group] % WORD_BITS)
-            return words_
-
-        keys, expectations, provenance, spans_of = [], [], [], {}
-        for (exchange, routing_key), hashed in sorted(
-            {(r.exchange, r.routing_key): r.key_hash for r in producer}.items()
-        ):
-            keys.append((hashed, exchange, routing_key))
-            applying = [e for e, m in matchers if e.exchange == exchange and m(routing_key)]
-            spans = [(e.consumer_group, e.from_ms, e.until_ms) for e in applying]
-            spans_of[(exchange, routing_key)] = spans
-            anybound = mask({e.consumer_group for e in applying if e.source != "observed"})
-            for lo, hi, groups in segments(spans):
-                expectations.append((hashed, lo, hi, *mask(groups), *anybound))
-            if not spans and any(anybound):
-                expectations.append((hashed, SPAN_START, SPAN_END, *([0] * words), *anybound))
-            provenance += sorted(
-                {
-                    (exchange, routing_key, e.consumer_group, e.from_ms, e.until_ms, e.source)
-                    for e in applying
-                }
-            )
-
+        keys, expectations, provenance, spans_of = key_expectations(
+            producer, [*configured, *observed], bit_groups, words
+        )
         fanout = {
             hashed
             for hashed, exchange, routing_key in keys
@@ -298,19 +218,7 @@ class LogFacts:
         }
         multi_group_lines = sum(r.lines for r in producer if r.key_hash in fanout)
         multi_group_lines += sum(r.lines for r in consumer if r.consumer_group not in bound)
-        hours = {
-            (r.source, r.process, r.consumer_group, r.file_hour_ms)
-            for r in summary
-            if r.process is not None and r.malformed is None
-        }
-        grace_hours = math.ceil(grace_ms / HOUR_MS)
-        gaps = input_gaps(
-            [h for h in hours if h[0] == "producer"], day_start_ms, day_end_ms
-        ) + input_gaps(
-            [h for h in hours if h[0] == "consumer"],
-            day_start_ms,
-            day_end_ms + grace_hours * HOUR_MS,
-        )
+        gaps = _log_gaps(summary, day_start_ms, day_end_ms, grace_ms)
         missing = missing_logs(producer, consumer, spans_of, day_start_ms, grace_ms, now_ms)
         malformed = defaultdict(int)
         for row in bad:

@@ -8,7 +8,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from spark.log_facts import WORD_BITS, sql_literal
+from spark.expectations import WORD_BITS
+from spark.log_facts import sql_literal
 from spark.schema import HOUR_MS
 
 # What one consumer line (or one silent expected group) adds to its pair.
@@ -102,6 +103,34 @@ class _Bits:
         return f"coalesce(CASE {cases} END, false)"
 
 
+def _silent_groups(bits: _Bits, bit_groups: list[str], one, empty: str) -> str:
+    """SQL: ``one(<the group's hash>)`` (an expression of the bit ``i``) for each expected group
+    that logged no line; ``empty`` when there are no groups at all."""
+    if not bit_groups:
+        return empty
+    names = sql_literal(bit_groups, "array<string>")
+    silent_bits = (
+        f"filter(sequence(0, {len(bit_groups) - 1}), "
+        f"i -> {bits.expected('i')} AND {bits.unseen('i')})"
+    )
+    return f"transform({silent_bits}, i -> {one(f'xxhash64(element_at({names}, i + 1))')})"
+
+
+def _per_group_cases(
+    bits: _Bits, has_line: str, line: str, silent: str, nobody: str, empty: str
+) -> str:
+    """SQL, the cases of a CASE after its ``CASE``: the row's own ``line`` (when ``has_line``),
+    the silent expected groups, and ``nobody`` for a message with neither lines nor expected
+    groups. The common case (a line, no silent group) is a one-element array, no concat."""
+    return (
+        f"WHEN {has_line} AND NOT ({bits.any_silent()}) THEN array({line}) "
+        f"ELSE concat(CASE WHEN {has_line} THEN array({line}) ELSE {empty} END, "
+        f"CASE WHEN {bits.any_silent()} THEN {silent} ELSE {empty} END, "
+        f"CASE WHEN line_count = 0 AND NOT ({bits.any_expected()}) THEN array({nobody}) "
+        f"ELSE {empty} END) END"
+    )
+
+
 def pair_contributions(
     messages: DataFrame,
     consumers: DataFrame,
@@ -140,26 +169,15 @@ def pair_contributions(
         unbound=f"NOT {orphan} AND {bits.unbound('bit')}",
     )
     none = f"CAST(array() AS {T.ArrayType(CONTRIBUTION_TYPE).simpleString()})"
-    silent = none
-    if bit_groups:
-        names = sql_literal(bit_groups, "array<string>")
-        silent_bits = (
-            f"filter(sequence(0, {len(bit_groups) - 1}), "
-            f"i -> {bits.expected('i')} AND {bits.unseen('i')})"
-        )
-        one = _contribution(
-            f"xxhash64(element_at({names}, i + 1))", bits.is_first_expected("i"), "true"
-        )
-        silent = f"transform({silent_bits}, i -> {one})"
+    silent = _silent_groups(
+        bits,
+        bit_groups,
+        lambda name: _contribution(name, bits.is_first_expected("i"), "true"),
+        none,
+    )
     nobody = _contribution("NULL", "true", "false")
     # Most rows are one line of a message whose expected groups all logged: one contribution.
-    contributions = (
-        f"CASE WHEN ts IS NOT NULL AND NOT ({bits.any_silent()}) THEN array({line}) "
-        f"ELSE concat(CASE WHEN ts IS NOT NULL THEN array({line}) ELSE {none} END, "
-        f"CASE WHEN {bits.any_silent()} THEN {silent} ELSE {none} END, "
-        f"CASE WHEN line_count = 0 AND NOT ({bits.any_expected()}) THEN array({nobody}) "
-        f"ELSE {none} END) END"
-    )
+    contributions = "CASE " + _per_group_cases(bits, "ts IS NOT NULL", line, silent, nobody, none)
     message = ["message_id", "first_ts", "window_ms", "key_hash", "attempts", "state"]
     in_day = f"window_ms >= {day_start_ms} AND window_ms < {day_end_ms}"
     line_in_day = f"ts >= {day_start_ms} AND ts < {day_end_ms}"
@@ -249,16 +267,12 @@ def message_pairs(
         unbound=bits.unbound("bit"),
     )
     empty = f"CAST(array() AS array<struct<{', '.join(f'{n}:{t}' for n, t in PAIR_FIELDS)}>>)"
-    silent = empty
-    if bit_groups:
-        names = sql_literal(bit_groups, "array<string>")
-        silent_bits = (
-            f"filter(sequence(0, {len(bit_groups) - 1}), "
-            f"i -> {bits.expected('i')} AND {bits.unseen('i')})"
-        )
-        # As many lines as the exact path's join rows: the message's lines, or its one row.
-        one = _pair(
-            group_hash=f"xxhash64(element_at({names}, i + 1))",
+    # As many lines as the exact path's join rows: the message's lines, or its one row.
+    silent = _silent_groups(
+        bits,
+        bit_groups,
+        lambda name: _pair(
+            group_hash=name,
             primary=bits.is_first_expected("i"),
             expected="true",
             deliveries="0",
@@ -266,8 +280,9 @@ def message_pairs(
             late_deliveries="0",
             lines="greatest(line_count, 1)",
             unbound="false",
-        )
-        silent = f"transform({silent_bits}, i -> {one})"
+        ),
+        empty,
+    )
     nobody = _pair(
         primary="true",
         expected="false",
@@ -278,13 +293,8 @@ def message_pairs(
         unbound="false",
     )
     exact = "named_struct(" + ", ".join(f"'{c}', {c}" for c in exact_facts(messages)) + ")"
-    pairs_sql = (
-        f"CASE WHEN NOT ({folded}) THEN array({_pair()}) "
-        f"WHEN line_count > 0 AND NOT ({bits.any_silent()}) THEN array({logged}) "
-        f"ELSE concat(CASE WHEN line_count > 0 THEN array({logged}) ELSE {empty} END, "
-        f"CASE WHEN {bits.any_silent()} THEN {silent} ELSE {empty} END, "
-        f"CASE WHEN line_count = 0 AND NOT ({bits.any_expected()}) THEN array({nobody}) "
-        f"ELSE {empty} END) END"
+    pairs_sql = f"CASE WHEN NOT ({folded}) THEN array({_pair()}) " + _per_group_cases(
+        bits, "line_count > 0", logged, silent, nobody, empty
     )
     message = ["message_id", "first_ts", "window_ms", "key_hash", "attempts", "state"]
     return (

@@ -99,7 +99,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from spark.log_facts import WORD_BITS, group_hash, key_hash
+from spark.expectations import WORD_BITS
+from spark.log_facts import group_hash, key_hash
 from spark.schema import HOUR_MS
 
 CONSUMED_OUTCOMES = ("ack", "duplicate_skipped")

@@ -5,6 +5,8 @@ messages; PostgreSQL isolation comes from pytest-django's test database (DATABAS
 """
 
 import os
+import signal
+import subprocess
 import time
 import urllib.parse
 
@@ -60,6 +62,19 @@ def worker_env(**extra):
         "COLLECTOR_FLUSH_SECONDS": "0.05",
         **extra,
     }
+
+
+def stop_process(process, timeout=30):
+    """SIGTERM (a graceful stop: a worker's shutdown code runs), then SIGKILL after ``timeout``
+    seconds; waits for the exit either way. Nothing to do for a process that already exited."""
+    if process is None or process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def point_celery_at(url):

@@ -2,7 +2,6 @@
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import urllib.parse
@@ -12,7 +11,7 @@ import pytest
 from django.conf import settings
 
 from recovery.models import CollectorHeartbeat, Message
-from tests.conftest import make_user, wait_for, worker_env
+from tests.conftest import make_user, stop_process, wait_for, worker_env
 
 
 @pytest.mark.django_db(transaction=True)
@@ -70,11 +69,7 @@ def test_a_celery_worker_runs_the_collector(wired, clean_queues, tmp_path):
             message="the worker's collector to store the message",
         )
     finally:
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            worker.kill()
+        stop_process(worker, timeout=20)
         log_file.close()
     assert worker.returncode is not None
     assert urllib.parse.urlparse(env["DATABASE_URL"]).path.startswith("/test_")

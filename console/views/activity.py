@@ -5,7 +5,7 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
 from console.access import viewer_required
-from console.forms import ActivityFilterForm
+from console.forms.people import ActivityFilterForm
 from console.views.paging import newest_first_page, query_without
 from recovery.models import Activity
 

@@ -12,7 +12,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from console.access import admin_required, viewer_required
-from console.forms import AlertRuleForm, MuteForm, NotificationChannelForm
+from console.forms.alerts import AlertRuleForm, MuteForm, NotificationChannelForm
 from recovery.alerts.deliver import send_test
 from recovery.broker.coverage import uncovered_everywhere
 from recovery.models import Activity, AlertRule, NotificationChannel, has_role

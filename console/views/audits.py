@@ -8,7 +8,7 @@ from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_GET
 
 from console.access import viewer_required
-from console.forms import EvidenceFilterForm
+from console.forms.audits import EvidenceFilterForm
 from recovery.models import AuditRun, Message
 
 RUNS_PER_PAGE = 50

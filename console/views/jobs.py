@@ -8,7 +8,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from console.access import operator_required, viewer_required
-from console.forms import JobForm, add_engine_errors
+from console.forms.replay import JobForm, add_engine_errors
 from console.views.paging import newest_first_page, query_without
 from recovery.errors import ReplayError
 from recovery.models import Message, ReplayJob, Role, has_role

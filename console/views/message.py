@@ -11,7 +11,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from console.access import operator_required, viewer_required
-from console.forms import DiscardForm, EditReplayForm, TargetForm, add_engine_errors
+from console.forms.replay import DiscardForm, EditReplayForm, TargetForm, add_engine_errors
 from recovery.client import headers as header_codec
 from recovery.errors import BrokerUnavailable, ReplayError
 from recovery.models import Message

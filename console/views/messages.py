@@ -12,7 +12,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from console.access import operator_required, viewer_required
-from console.forms import BulkActionForm
+from console.forms.replay import BulkActionForm
 from console.views.paging import newest_first_page, query_without
 from recovery.errors import ReplayError
 from recovery.models import DISCARDABLE, RESTORABLE, Message

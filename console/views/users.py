@@ -13,7 +13,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
 from console.access import admin_required
-from console.forms import RoleForm, UserCreateForm
+from console.forms.people import RoleForm, UserCreateForm
 from recovery.models import Activity, ApiToken, Role, role_of, set_role
 
 

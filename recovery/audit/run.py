@@ -338,9 +338,19 @@ def copy_evidence(run, out_dir, conninfo=None):
             conn.commit()
 
 
-def next_revision(day):
-    latest = AuditRun.objects.filter(date=day).aggregate(m=Max("revision"))["m"]
-    return (latest or 0) + 1
+def new_run(day, user, config):
+    """The day's next AuditRun (revision + 1), created with the day's runs locked so two audits
+    of one day never take the same revision."""
+    with transaction.atomic():
+        list(AuditRun.objects.select_for_update().filter(date=day))
+        latest = AuditRun.objects.filter(date=day).aggregate(m=Max("revision"))["m"]
+        return AuditRun.objects.create(
+            date=day,
+            revision=(latest or 0) + 1,
+            created_by=user,
+            code_version=code_version(),
+            config=config,
+        )
 
 
 def run_audit(
@@ -359,23 +369,18 @@ def run_audit(
     sla_ms = sla_ms or settings.AUDIT_SLA_MS
     producer_logs = producer_logs or settings.AUDIT_PRODUCER_LOGS
     consumer_logs = consumer_logs or settings.AUDIT_CONSUMER_LOGS
-    with transaction.atomic():
-        # Lock the day's runs so two audits of one day never take the same revision.
-        list(AuditRun.objects.select_for_update().filter(date=day))
-        run = AuditRun.objects.create(
-            date=day,
-            revision=next_revision(day),
-            created_by=user,
-            code_version=code_version(),
-            config={
-                "producer_logs": producer_logs,
-                "consumer_logs": consumer_logs,
-                "grace_minutes": grace.total_seconds() / 60,
-                "sla_ms": sla_ms,
-                "spark_master": master or settings.SPARK_MASTER,
-                "now": now.isoformat() if now else None,
-            },
-        )
+    run = new_run(
+        day,
+        user,
+        {
+            "producer_logs": producer_logs,
+            "consumer_logs": consumer_logs,
+            "grace_minutes": grace.total_seconds() / 60,
+            "sla_ms": sla_ms,
+            "spark_master": master or settings.SPARK_MASTER,
+            "now": now.isoformat() if now else None,
+        },
+    )
     workdir = Path(
         tempfile.mkdtemp(prefix=f"lazarus-audit-{day}-", dir=settings.AUDIT_WORK_DIR or None)
     )

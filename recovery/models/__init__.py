@@ -1,6 +1,7 @@
 """The recovery app's models, split where the domain splits; import them from here.
 
-- store: the recovery store (Message, its counts and search documents, collector heartbeats)
+- store: the recovery store (Message, its search documents, collector heartbeats)
+- counts: the store's counts per hour and per failure group, and the queries over them
 - access: roles, API tokens, idempotency keys, rate windows, the activity log
 - replay: replay attempts, bulk jobs and their items, edited versions
 - audit: nightly audit runs, windows, evidence, input gaps; the bindings history
@@ -32,26 +33,28 @@ from recovery.models.audit import (
     metric_warnings,
 )
 from recovery.models.broker import BrokerTally
+from recovery.models.counts import (
+    COUNT_KEY_SQL,
+    REBUILD_COUNTS_SQL,
+    MessageCount,
+    MessageTotal,
+    group_details,
+    hourly_sums,
+    rollup_sums,
+)
 from recovery.models.replay import MessageEdit, ReplayAttempt, ReplayJob, ReplayJobItem
 from recovery.models.store import (
-    COUNT_KEY_SQL,
     DISCARDABLE,
     OPEN,
-    REBUILD_COUNTS_SQL,
     REPLAYABLE,
     RESTORABLE,
     CollectorHeartbeat,
     Kind,
     Message,
-    MessageCount,
     MessageSearch,
-    MessageTotal,
     Reason,
     Status,
     default_target_of,
-    group_details,
-    hourly_sums,
-    rollup_sums,
 )
 
 __all__ = [

@@ -27,24 +27,13 @@ import logging
 
 from recovery import db
 from recovery.db import database_conninfo
-from recovery.replay.one import STRIPPED_HEADERS
+from recovery.replay.claims import MESSAGE_COLUMNS, sort_claims
 
 log = logging.getLogger(__name__)
 
 JOB = "recovery_replayjob"
 ITEM = "recovery_replayjobitem"
 MESSAGE = "recovery_message"
-
-# Headers a replay strips (x-death above all, the biggest a dead letter has) are dropped by
-# PostgreSQL: never sent to the runner, never decoded there.
-_STRIPPED_ARRAY = "'{" + ",".join(f'"{name}"' for name in STRIPPED_HEADERS) + "}'::text[]"
-# The JSON a replay needs (the first routing key, the properties, the headers) comes as one JSON
-# text: one decode per message in the runner instead of three.
-MESSAGE_COLUMNS = (
-    "id, status, replay_count, kind, vhost, source_queue, source_exchange, "
-    f"jsonb_build_array(routing_keys -> 0, properties, headers - {_STRIPPED_ARRAY})::text, body"
-)
-_decode_json = json.JSONDecoder().decode
 
 
 def id_array(ids):
@@ -113,59 +102,6 @@ WITH d AS (
 )
 SELECT outcome, n FROM counted
 """
-
-
-class Claimed:
-    """One claimed message, as the runner needs it to publish."""
-
-    __slots__ = (
-        "item_id",
-        "message_id",
-        "replay_count",
-        "kind",
-        "vhost",
-        "source_queue",
-        "source_exchange",
-        "routing_keys",
-        "properties",
-        "headers",
-        "body",
-    )
-
-    def __init__(self, item_id, row):
-        self.item_id = item_id
-        (
-            self.message_id,
-            _status,
-            self.replay_count,
-            self.kind,
-            self.vhost,
-            self.source_queue,
-            self.source_exchange,
-            wire_json,
-            self.body,
-        ) = row
-        # Only the first routing key is ever a target (default_target_of).
-        first_key, self.properties, self.headers = _decode_json(wire_json)
-        self.routing_keys = [] if first_key is None else [first_key]
-
-
-def sort_claims(items, rows, held, allowed_statuses):
-    """Pending items against their messages' rows now: (claimed, {item id: why skipped})."""
-    claimed, skipped = [], {}
-    for item_id, message_id, snapshot in items:
-        row = rows.get(message_id)
-        if row is None:  # deleted by raw SQL (Django deletes a message's items with it)
-            skipped[item_id] = "skipped: the message no longer exists"
-        elif message_id in held:
-            skipped[item_id] = f"skipped: held by job #{held[message_id]}"
-        elif row[1] not in allowed_statuses:
-            skipped[item_id] = f"skipped: the message is {row[1]} now"
-        elif row[2] != snapshot:
-            skipped[item_id] = "skipped: replayed by someone else since the job was created"
-        else:
-            claimed.append(Claimed(item_id, row))
-    return claimed, skipped
 
 
 class JobStore:

@@ -16,9 +16,10 @@ kill -9) can duplicate, because a new runner re-sends whatever was claimed and u
 more claim batch may wait, claimed but unsent, so the next claim's round trip to PostgreSQL
 overlaps with publishing; re-sending those after a crash sends them once.
 
-Claims run on a thread of their own (``Claims``, its own database connection): a claim of a few
-hundred rows takes milliseconds of PostgreSQL, and the loop goes on collecting outcomes and
-handing them to the recorders meanwhile instead of letting the window fill up behind it.
+Claims run on a thread of their own (``recovery.replay.claims.Claims``, its own database
+connection): a claim of a few hundred rows takes milliseconds of PostgreSQL, and the loop goes
+on collecting outcomes and handing them to the recorders meanwhile instead of letting the window
+fill up behind it.
 """
 
 import logging
@@ -28,7 +29,6 @@ import threading
 import time
 import uuid
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 
 import pika.exceptions
 import psycopg
@@ -37,8 +37,10 @@ from django.utils import timezone
 
 from recovery.broker.codec import unpublishable
 from recovery.models import Activity, ReplayJob
+from recovery.replay.claims import Claims
 from recovery.replay.job_store import JobStore
 from recovery.replay.one import wire_from_columns
+from recovery.replay.pacer import Pacer
 from recovery.replay.publisher import AsyncPublisher, Entry
 from recovery.replay.recorder import RECORDERS, Recorder, Recorders
 from recovery.replay.safety import breaker_reason, canary_reason
@@ -70,71 +72,6 @@ SHUTDOWN = threading.Event()
 
 class LeaseLost(Exception):
     """Another runner took the job over; stop without writing anything."""
-
-
-class Pacer:
-    """A token bucket for a job's rate (msgs/s; None = as fast as confirms allow). At most half
-    a second of tokens pile up, so a pause (a canary, a broker outage) is not followed by a
-    burst, while the average over the job stays on the rate."""
-
-    def __init__(self, rate, tokens=0.0):
-        self.rate = rate or None
-        self.tokens = tokens
-        self.burst = max(1.0, self.rate * 0.5) if self.rate else 0.0
-        self.last = time.monotonic()
-
-    def allowance(self, now, wanted):
-        """How many of ``wanted`` messages may go now (and spend their tokens)."""
-        if not self.rate:
-            return wanted
-        self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
-        self.last = now
-        # The epsilon: 0.1 s x 100/s may come out as 9.999999 tokens, which is 10.
-        count = min(wanted, int(self.tokens + 1e-9))
-        self.tokens -= count
-        return count
-
-    def wait(self):
-        """Seconds until the next token."""
-        return max(0.001, (1.0 - self.tokens) / self.rate)
-
-
-class Claims:
-    """Claims on a thread of their own, one at a time, with their own JobStore (connection).
-
-    ``start`` hands a claim to the thread; ``done`` says whether its answer is there; ``result``
-    returns it (or raises what the claim raised). The store's cursor (where the next claim
-    starts) lives here: ``rewind`` only while no claim runs.
-    """
-
-    def __init__(self, store, wakeup):
-        self.store, self.wakeup = store, wakeup
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"replay-claims:{store.job_id}")
-        self.future = None
-
-    @property
-    def running(self):
-        return self.future is not None
-
-    def start(self, limit, allowed_statuses, canary_only):
-        self.future = self.executor.submit(self.store.claim, limit, allowed_statuses, canary_only)
-        self.future.add_done_callback(lambda _future: self.wakeup.set())
-
-    def done(self):
-        return self.future is not None and self.future.done()
-
-    def result(self):
-        """(claimed, skipped, any_left) of the claim that ran; waits for it."""
-        future, self.future = self.future, None
-        return future.result()
-
-    def rewind(self):
-        assert self.future is None, "rewind while a claim runs"
-        self.store.rewind()
-
-    def close(self):
-        self.executor.shutdown(wait=True)
-        self.store.close()
 
 
 def runner_name():
@@ -536,6 +473,19 @@ class JobRunner:
         for key in release:
             self.pending.pop(key, None)
         self.buffer.clear()
+        unknown = self._drain_withdrawn(release)
+        self._settle()
+        self.store.release(release)
+        unknown.extend(self.pending)
+        self.store.release(
+            unknown, "sent, but not confirmed before the job stopped: it may have been delivered"
+        )
+        self.store.reconcile()
+        return self._leave(kind, reason)
+
+    def _drain_withdrawn(self, release):
+        """Wait (up to the confirm timeout) for the publishers' answers after a withdraw: what
+        was never sent joins ``release``; what may have been sent is returned (unknown)."""
         unknown = []
         deadline = time.monotonic() + self.confirm_timeout + 2
         while self.pending and time.monotonic() < deadline:
@@ -552,13 +502,10 @@ class JobRunner:
                         )
             if self.pending:
                 self.wakeup.wait(0.05)
-        self._settle()
-        self.store.release(release)
-        unknown.extend(self.pending)
-        self.store.release(
-            unknown, "sent, but not confirmed before the job stopped: it may have been delivered"
-        )
-        self.store.reconcile()
+        return unknown
+
+    def _leave(self, kind, reason):
+        """The job's state after a stop, and what run() returns."""
         if kind == "pause":
             self.store.end(ReplayJob.State.PAUSED, reason)
             self._activity("job_paused", {"reason": reason})

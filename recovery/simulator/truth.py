@@ -81,6 +81,57 @@ def _duplicates(deliveries, attempts):
     }
 
 
+def _dead_letters(entry, totals, dead, queue_group):
+    """The message's dead-letter copies into ``entry``/``totals``; {group: the reason of its
+    first death}."""
+    entry["dead_letters"] = [{"queue": q, "reason": r} for q, r in dead]
+    reasons = {r for _, r in dead}
+    entry.update(
+        rejected="rejected" in reasons,
+        expired="expired" in reasons,
+        overflowed="maxlen" in reasons,
+        delivery_limit="delivery_limit" in reasons,
+    )
+    totals["dead_letter_copies"] += len(dead)
+    first_death = {}
+    for queue, reason in dead:
+        first_death.setdefault(queue_group.get(queue, queue), reason)
+    return first_death
+
+
+def _group_truth(entry, totals, group, lines, first_death, lost_unless_consumed, expected):
+    """One consumer group's deliveries of the message: consumed, rejected, dead-lettered, lost."""
+    totals["consumer_lines"] += len(lines)
+    outcomes = [outcome for outcome, _ in lines]
+    entry["deliveries"][group] = len(lines)
+    consumed = any(o in CONSUMED for o in outcomes)
+    if consumed:
+        entry["consumed_by"].append(group)
+        totals["delivered_unique"] += 1
+    if "reject" in outcomes:
+        entry["rejected_by"].append(group)
+    if group in first_death:
+        reason = first_death[group]
+        entry["dead_lettered"][group] = reason
+        totals.update(dead_lettered=1, **{f"dead_lettered_{reason}": 1})
+    if expected and entry["publish_state"] == "confirmed":
+        totals["expected_confirmed"] += 1
+    if lost_unless_consumed and not consumed:
+        entry["lost"].append(group)
+        totals["lost"] += 1
+
+
+def _duplicated(entry, totals, group, dups, crashed):
+    entry["duplicated"][group] = {k: v for k, v in dups.items() if v}
+    totals.update(
+        dup_msgs=1,
+        dup_deliveries=sum(dups.values()),
+        **{f"dup_{k}": v for k, v in dups.items()},
+    )
+    if crashed:
+        entry["duplicated_by_crash"].append(group)
+
+
 def message_truth(planned, seen, bindings, queue_group):
     """The truth of one planned message, and its contribution to the totals (a Counter)."""
     mid = planned.message_id
@@ -114,19 +165,7 @@ def message_truth(planned, seen, bindings, queue_group):
     )
     handled = sorted(g for (m, g) in seen["deliveries"] if m == mid)
     entry["expected_groups"] = expected
-    dead = seen["dead_letters"].get(mid, [])
-    entry["dead_letters"] = [{"queue": q, "reason": r} for q, r in dead]
-    reasons = {r for _, r in dead}
-    entry.update(
-        rejected="rejected" in reasons,
-        expired="expired" in reasons,
-        overflowed="maxlen" in reasons,
-        delivery_limit="delivery_limit" in reasons,
-    )
-    totals["dead_letter_copies"] += len(dead)
-    first_death = {}
-    for queue, reason in dead:
-        first_death.setdefault(queue_group.get(queue, queue), reason)
+    first_death = _dead_letters(entry, totals, seen["dead_letters"].get(mid, []), queue_group)
     unrouted = seen["unrouted"].get(mid, 0)
     entry["unroutable"] = unrouted
     totals.update(unroutable=int(unrouted > 0), unrouted_copies=unrouted)
@@ -145,35 +184,16 @@ def message_truth(planned, seen, bindings, queue_group):
     )
     for group in sorted(set(expected) | set(handled)):
         lines = seen["deliveries"].get((mid, group), [])
-        totals["consumer_lines"] += len(lines)
-        outcomes = [outcome for outcome, _ in lines]
-        entry["deliveries"][group] = len(lines)
-        consumed = any(o in CONSUMED for o in outcomes)
-        if consumed:
-            entry["consumed_by"].append(group)
-            totals["delivered_unique"] += 1
-        if "reject" in outcomes:
-            entry["rejected_by"].append(group)
-        if group in first_death:
-            reason = first_death[group]
-            entry["dead_lettered"][group] = reason
-            totals.update(dead_lettered=1, **{f"dead_lettered_{reason}": 1})
-        is_expected = group in expected
-        if is_expected and state == "confirmed":
-            totals["expected_confirmed"] += 1
-            if not consumed and group not in first_death and not producer_side_row:
-                entry["lost"].append(group)
-                totals["lost"] += 1
+        lost = (
+            group in expected
+            and state == "confirmed"
+            and group not in first_death
+            and not producer_side_row
+        )
+        _group_truth(entry, totals, group, lines, first_death, lost, group in expected)
         dups = _duplicates(lines, len(attempts))
         if sum(dups.values()):
-            entry["duplicated"][group] = {k: v for k, v in dups.items() if v}
-            totals.update(
-                dup_msgs=1,
-                dup_deliveries=sum(dups.values()),
-                **{f"dup_{k}": v for k, v in dups.items()},
-            )
-            if seen["crashes"].get((mid, group)):
-                entry["duplicated_by_crash"].append(group)
+            _duplicated(entry, totals, group, dups, seen["crashes"].get((mid, group)))
     crashed = [g for (m, g), closed in seen["crashes"].items() if m == mid and closed]
     entry["crashed"] = sorted(crashed)
     totals["consumer_crashes"] += len(crashed)

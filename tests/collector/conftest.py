@@ -20,7 +20,7 @@ from django.db import connection
 
 from recovery.broker.management import Management
 from recovery.models import Message
-from tests.conftest import wait_for
+from tests.conftest import stop_process, wait_for
 from tests.helpers import declare_app_queue, publish  # noqa: F401 - the collector tests' import
 
 
@@ -114,13 +114,7 @@ class WorkerProcess:
         self.process.wait(timeout=30)
 
     def stop(self):
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process)
 
     def alive(self):
         return self.process is not None and self.process.poll() is None

@@ -5,7 +5,6 @@ console's collector page names both machines."""
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 
@@ -14,7 +13,7 @@ import pytest
 from django.conf import settings
 
 from recovery.models import CollectorHeartbeat, Message
-from tests.conftest import wait_for, worker_env
+from tests.conftest import stop_process, wait_for, worker_env
 
 pytestmark = [pytest.mark.slow]
 
@@ -47,12 +46,7 @@ def start_worker(hostname, extra_env, log_path):
 
 
 def stop_worker(worker, log):
-    worker.send_signal(signal.SIGTERM)
-    try:
-        worker.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        worker.kill()
-        worker.wait()
+    stop_process(worker)
     log.close()
 
 

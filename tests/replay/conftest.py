@@ -26,7 +26,7 @@ from recovery.broker.management import Management
 from recovery.collector.rows import delivery_to_row, store_rows
 from recovery.db import database_conninfo
 from recovery.models import Message
-from tests.conftest import point_celery_at
+from tests.conftest import point_celery_at, stop_process
 from tests.helpers import declare_app_queue  # noqa: F401 - the replay tests' import
 
 _ids = itertools.count(1)
@@ -267,13 +267,7 @@ class Worker:
         self.process.wait(timeout=30)
 
     def stop(self):
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, timeout=60)
 
     def log(self):
         return self.log_path.read_text(errors="replace")[-5000:]

@@ -3,7 +3,7 @@
 import pytest
 from django.core.exceptions import ValidationError
 
-from recovery.replay.runner import Pacer
+from recovery.replay.pacer import Pacer
 from recovery.replay.safety import breaker_reason, canary_reason
 from recovery.replay.targets import Target, delay_label, delay_name, validate_target
 

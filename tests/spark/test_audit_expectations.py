@@ -10,7 +10,7 @@ from datetime import datetime
 import pytest
 from pyspark.sql import functions as F
 
-from spark.log_facts import SPAN_END, SPAN_START, segments
+from spark.expectations import SPAN_END, SPAN_START, segments
 from spark.metrics import warnings
 from tests.spark.conftest import DAY, at, consume, publish
 

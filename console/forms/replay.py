@@ -1,17 +1,13 @@
-"""Forms of the operator console. GET filters go through a Form too, never raw request.GET."""
+"""Forms of replays: one message (target, edit, discard), a selection of messages, a bulk job."""
 
 import json
-from datetime import timedelta
 
 from django import forms
 from django.conf import settings
-from django.contrib.auth import get_user_model, password_validation
 from django.core.exceptions import ValidationError
-from django.core.validators import validate_email
 
 from recovery.broker.codec import json_headers_problem
-from recovery.models import AlertRule, NotificationChannel, Role
-from recovery.search.filters import MessageFilterForm, UTCDateTimeField
+from recovery.search.filters import MessageFilterForm
 
 MAX_BULK_IDS = 1000
 
@@ -236,120 +232,6 @@ class JobForm(MessageFilterForm):
         return data
 
 
-class ActivityFilterForm(forms.Form):
-    # What recovery.replay, recovery.replay.jobs, the job runner, the API and this console log.
-    ACTIONS = [
-        ("", "any"),
-        ("replay", "replay"),
-        ("edit_replay", "edit and replay"),
-        ("discard", "discard"),
-        ("restore", "restore"),
-        ("job_created", "job created"),
-        ("job_started", "job started"),
-        ("job_canary_passed", "job canary passed"),
-        ("job_paused", "job paused"),
-        ("job_resumed", "job resumed"),
-        ("job_cancelled", "job cancelled"),
-        ("job_done", "job done"),
-        ("job_failed", "job failed"),
-        ("job_taken_over", "job taken over"),
-        ("retention", "retention"),
-        ("token_created", "API token created"),
-        ("token_revoked", "API token revoked"),
-        ("user_created", "user created"),
-        ("role_changed", "role changed"),
-        ("user_deactivated", "user deactivated"),
-        ("user_activated", "user activated"),
-    ]
-    VIA = [("", "any"), ("console", "console"), ("api", "api"), ("system", "system")]
-
-    user = forms.CharField(required=False, max_length=150)
-    action = forms.CharField(
-        required=False, max_length=32, widget=forms.TextInput(attrs={"list": "activity-actions"})
-    )
-    via = forms.ChoiceField(choices=VIA, required=False)
-    message = forms.IntegerField(required=False, min_value=1, label="Message #")
-    job = forms.IntegerField(required=False, min_value=1, label="Job #")
-    since = UTCDateTimeField(required=False)
-    until = UTCDateTimeField(required=False)
-
-    def apply(self, queryset):
-        data = self.cleaned_data
-        lookups = {
-            "user": "user__username",
-            "action": "action",
-            "via": "via",
-            "message": "message_id",
-            "job": "job_id",
-            "since": "created_at__gte",
-            "until": "created_at__lt",
-        }
-        for field, lookup in lookups.items():
-            if data.get(field) not in (None, ""):
-                queryset = queryset.filter(**{lookup: data[field]})
-        return queryset
-
-
-ROLE_CHOICES = [(r.value, r.label) for r in Role]
-
-
-class UserCreateForm(forms.Form):
-    username = forms.CharField(max_length=150)
-    password = forms.CharField(widget=forms.PasswordInput, strip=False)
-    role = forms.ChoiceField(choices=ROLE_CHOICES, initial=Role.VIEWER)
-
-    def clean_username(self):
-        name = self.cleaned_data["username"]
-        field = get_user_model()._meta.get_field("username")
-        for validator in field.validators:
-            validator(name)
-        if get_user_model().objects.filter(username__iexact=name).exists():
-            raise ValidationError("A user with that name exists.")
-        return name
-
-    def clean(self):
-        data = super().clean()
-        if data.get("password"):
-            user = get_user_model()(username=data.get("username", ""))
-            password_validation.validate_password(data["password"], user)
-        return data
-
-
-class RoleForm(forms.Form):
-    role = forms.ChoiceField(choices=ROLE_CHOICES)
-
-
-class EvidenceFilterForm(forms.Form):
-    KINDS = [
-        ("", "any"),
-        ("lost", "lost"),
-        ("duplicate", "duplicate"),
-        ("orphan", "orphan"),
-        ("unverified", "unverified"),
-        ("unclaimed", "unclaimed"),
-        ("pending", "pending"),
-    ]
-    kind = forms.CharField(required=False, max_length=32, widget=forms.Select(choices=KINDS))
-    window = UTCDateTimeField(required=False, label="Window start")
-    exchange = forms.CharField(required=False, max_length=255)
-    consumer_group = forms.CharField(required=False, max_length=255, label="Consumer group")
-    message_id = forms.CharField(required=False, max_length=255)
-
-    def apply(self, queryset):
-        data = self.cleaned_data
-        lookups = {
-            "kind": "kind",
-            "window": "window_start",
-            "exchange": "exchange",
-            "consumer_group": "consumer_group",
-            "message_id": "message_id",
-        }
-        for field, lookup in lookups.items():
-            if data.get(field) not in (None, ""):
-                queryset = queryset.filter(**{lookup: data[field]})
-        return queryset
-
-
 # The engine names its fields after its own arguments; show them on the matching form field.
 ENGINE_FIELD_NAMES = {
     "target_exchange": "exchange",
@@ -369,96 +251,3 @@ def add_engine_errors(form, error):
         if field not in form.fields:
             field, messages = None, [f"{name}: {m}" for m in messages]
         form.add_error(field, messages)
-
-
-class AlertRuleForm(forms.ModelForm):
-    """A rule: kind, its parameters (a JSON object; see docs/alerts.md), scope and channels."""
-
-    params = forms.CharField(
-        required=False,
-        widget=forms.Textarea(attrs={"rows": 3}),
-        help_text='JSON object, e.g. {"threshold": 1000} (docs/alerts.md lists each kind\'s)',
-    )
-    remind_minutes = forms.IntegerField(
-        required=False, min_value=1, max_value=7 * 24 * 60, label="Remind every (minutes)"
-    )
-
-    class Meta:
-        model = AlertRule
-        fields = [
-            "name",
-            "kind",
-            "params",
-            "vhost",
-            "queue",
-            "exchange",
-            "group_key",
-            "for_seconds",
-            "channels",
-            "enabled",
-        ]
-        widgets = {"channels": forms.CheckboxSelectMultiple}
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.fields["for_seconds"].min_value = 0
-        self.fields["for_seconds"].max_value = 7 * 24 * 3600
-        if self.instance.pk:
-            self.initial["params"] = json.dumps(self.instance.params)
-            if self.instance.remind_every:
-                self.initial["remind_minutes"] = int(
-                    self.instance.remind_every.total_seconds() // 60
-                )
-
-    def clean_params(self):
-        raw = self.cleaned_data.get("params") or "{}"
-        try:
-            value = json.loads(raw)
-        except ValueError as exc:
-            raise ValidationError(f"not JSON: {exc}") from exc
-        if not isinstance(value, dict):
-            raise ValidationError("must be a JSON object")
-        return value
-
-    def clean_for_seconds(self):
-        value = self.cleaned_data.get("for_seconds") or 0
-        if not 0 <= value <= 7 * 24 * 3600:
-            raise ValidationError("between 0 and 604800 seconds")
-        return value
-
-    def save(self, commit=True):
-        rule = super().save(commit=False)
-        minutes = self.cleaned_data.get("remind_minutes")
-        rule.remind_every = timedelta(minutes=minutes) if minutes else None
-        if commit:
-            rule.save()
-            self.save_m2m()
-        return rule
-
-
-class NotificationChannelForm(forms.ModelForm):
-    class Meta:
-        model = NotificationChannel
-        fields = ["name", "kind", "target", "enabled"]
-        widgets = {"target": forms.TextInput(attrs={"size": 60})}
-
-    def clean(self):
-        data = super().clean()
-        kind, target = data.get("kind"), (data.get("target") or "").strip()
-        if kind in ("webhook", "slack") and not target.startswith(("http://", "https://")):
-            self.add_error("target", "an http:// or https:// URL")
-        if kind == "email":
-            addresses = [a.strip() for a in target.split(",") if a.strip()]
-            if not addresses:
-                self.add_error("target", "one or more email addresses, comma-separated")
-            for address in addresses:
-                try:
-                    validate_email(address)
-                except ValidationError:
-                    self.add_error("target", f"not an email address: {address}")
-        data["target"] = target
-        return data
-
-
-class MuteForm(forms.Form):
-    minutes = forms.IntegerField(min_value=0, max_value=30 * 24 * 60, help_text="0 unmutes")

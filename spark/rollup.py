@@ -1,0 +1,180 @@
+"""The audit's rollup: every (message, consumer group) pair classified and rolled up per window
+(``rolled``), the one frame every output of ``spark/audit.py`` reads.
+
+Most messages are settled by a fold of their lines (``pairing.message_pairs``); the others (lines
+of several groups, orphans, lines on both sides of the deadline) take the exact path
+(``pairing.pair_contributions``). Both end in one local checkpoint.
+"""
+
+from collections.abc import Callable
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from spark import log_facts, metrics, pairing, transforms
+
+# Messages the exact path broadcasts to pick their lines out of the consumer logs; more are
+# joined by a shuffle.
+EXACT_BROADCAST_LIMIT = 1_000_000
+# Above this share of possibly several-group lines (``LogFacts.multi_group_lines``) among the
+# producer lines, the audit joins every message to its lines instead of folding them.
+FOLD_MAX_MULTI_GROUP_SHARE = 0.2
+
+
+def observed_spans(rolled: DataFrame) -> list[tuple]:
+    """(exchange, routing_key, consumer_group, first window, last window) of the messages
+    each group consumed of a key no binding or configuration names it for."""
+    return [
+        tuple(row)
+        for row in rolled.where("unbound_consumption > 0")
+        .groupBy("exchange", "unbound_routing_key", "consumer_group")
+        .agg(F.min("window_ms"), F.max("window_ms"))
+        .orderBy("exchange", "unbound_routing_key", "consumer_group")
+        .collect()
+    ]
+
+
+def messages_of(
+    facts: log_facts.LogFacts,
+    producer_raw: DataFrame,
+    consumer_raw: DataFrame,
+    bits: DataFrame,
+    day_start_ms: int,
+    fold: bool,
+) -> tuple[DataFrame, DataFrame]:
+    """(messages, consumers): each message's lines folded (``per_message``) with the groups it
+    is expected to reach, and the consumer lines by message that built it (whole lines when
+    ``fold``, else grouped per message and group, for ``pairing.pair_contributions``)."""
+    expected = log_facts.local_frame(
+        producer_raw.sparkSession, facts.expectations, facts.expectation_columns()
+    )
+    producers = transforms.by_message(
+        transforms.keyed_producer_lines(transforms.valid_lines(producer_raw), day_start_ms)
+    )
+    consumers = transforms.by_message(
+        (transforms.message_lines if fold else transforms.grouped_consumer_lines)(
+            transforms.valid_lines(consumer_raw), bits
+        )
+    )
+    messages = transforms.with_expected(
+        transforms.per_message(producers, consumers, facts.words), expected, facts.words
+    )
+    return messages, consumers
+
+
+def rolled(
+    facts: log_facts.LogFacts,
+    producer_raw: DataFrame,
+    consumer_raw: DataFrame,
+    store: DataFrame,
+    day_start_ms: int,
+    grace_ms: int,
+    now_ms: int,
+) -> DataFrame:
+    """One job shuffles the lines by message_id, folds them per message, builds the pairs of
+    the messages the fold settles and stores their ``metrics.rollup`` as a local checkpoint,
+    with a row for each message it does not settle; if there are any, a second job builds
+    their pairs the exact way (``pairing.pair_contributions``) and checkpoints both rollups
+    together. Every output reads that checkpoint. The checkpoint cuts the lineage: each output
+    is planned over a one-node plan instead of the whole audit's (analysis, cache lookups and
+    optimisation of that plan cost seconds per output). Its blocks go with the frames.
+    """
+    spark = producer_raw.sparkSession
+    keys = log_facts.local_frame(spark, facts.keys, log_facts.KEY_COLUMNS)
+    bits = log_facts.local_frame(
+        spark,
+        [(g, i) for i, g in enumerate(facts.bit_groups)],
+        [("consumer_group", "string"), ("bit", "int")],
+    )
+    # The fold settles the messages whose lines come from one group; when many messages may
+    # have lines from several (fanout bindings, unbound groups), every message takes the join.
+    fold = facts.multi_group_lines <= FOLD_MAX_MULTI_GROUP_SHARE * facts.producer_lines
+    messages, consumers = messages_of(facts, producer_raw, consumer_raw, bits, day_start_ms, fold)
+    stored = transforms.store_rows(
+        store,
+        log_facts.local_frame(
+            spark, facts.queue_groups, [("queue", "string"), ("consumer_group", "string")]
+        ),
+    )
+    # The pairs carry a group's hash; the rolled rows get its name back.
+    group_names = log_facts.local_frame(
+        spark, [(g,) for g in facts.groups], [("consumer_group", "string")]
+    ).select(log_facts.group_hash().alias("group_hash"), "consumer_group")
+    gap_windows = log_facts.local_frame(
+        spark, facts.gap_windows, [("window_ms", "bigint"), ("consumer_group", "string")]
+    )
+
+    def rolled_up(pairs: DataFrame, carry: tuple[str, ...] = ()) -> DataFrame:
+        classified = transforms.with_key_names(
+            transforms.classify_pairs(transforms.with_store(pairs, stored), carry), keys
+        )
+        return (
+            transforms.mark_gaps(metrics.rollup(classified, grace_ms, now_ms, carry), gap_windows)
+            .join(F.broadcast(group_names), on="group_hash", how="left")
+            .drop("group_hash")
+        )
+
+    if fold:
+        return _folded_rollup(
+            messages, consumer_raw, bits, rolled_up, day_start_ms, grace_ms, facts.bit_groups
+        )
+    pairs = pairing.pairs(
+        pairing.pair_contributions(
+            messages.select(*pairing.exact_facts(messages)),
+            consumers,
+            day_start_ms,
+            grace_ms,
+            facts.bit_groups,
+        )
+    )
+    return _checkpoint(rolled_up(pairs), one_partition=True)
+
+
+def _folded_rollup(
+    messages: DataFrame,
+    consumer_raw: DataFrame,
+    bits: DataFrame,
+    rolled_up: Callable[..., DataFrame],
+    day_start_ms: int,
+    grace_ms: int,
+    bit_groups: list[str],
+) -> DataFrame:
+    """The rollup of ``pairing.message_pairs``, plus that of the exact path's pairs for the
+    messages the fold left (their lines picked out of the consumer logs again), checkpointed."""
+    # Kept in the rollup's partitions: the messages left for the exact path have a row each,
+    # and they could be many.
+    first_pass = _checkpoint(
+        rolled_up(pairing.message_pairs(messages, day_start_ms, grace_ms, bit_groups), ("exact",))
+    )
+    settled = first_pass.where("exact IS NULL").drop("exact")
+    exact = first_pass.where("exact IS NOT NULL").select("exact.*")
+    exact_messages = exact.count()
+    if not exact_messages:
+        return settled.coalesce(1)  # one partition, as _checkpoint's, without a second copy
+    # The exact path: the messages the first pass could not fold, with their lines.
+    ids = exact.select("message_id")
+    lines = transforms.valid_lines(consumer_raw).join(
+        F.broadcast(ids) if exact_messages <= EXACT_BROADCAST_LIMIT else ids,
+        on="message_id",
+        how="left_semi",
+    )
+    pairs = pairing.pairs(
+        pairing.pair_contributions(
+            exact,
+            transforms.by_message(transforms.grouped_consumer_lines(lines, bits)),
+            day_start_ms,
+            grace_ms,
+            bit_groups,
+        )
+    )
+    return _checkpoint(settled.unionByName(rolled_up(pairs)), one_partition=True)
+
+
+def _checkpoint(frame: DataFrame, one_partition: bool = False) -> DataFrame:
+    """``frame`` computed here, eagerly, once; the checkpoint cuts its lineage. The final
+    rollup goes in one partition: it is small, and a single partition satisfies every grouping
+    and join of the outputs, so each output is one stage instead of a chain of shuffles."""
+    if one_partition:
+        frame = frame.repartition(1)
+    return frame.localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
