@@ -51,12 +51,9 @@ def wait_for(predicate, timeout=15.0, interval=0.05, message="condition"):
 
 def worker_env(**extra):
     """The environment of a real worker process on this session's database and vhost."""
-    from django.db import connection
-
-    db = connection.settings_dict
     return {
         **os.environ,
-        "DATABASE_URL": f"postgresql://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "DATABASE_URL": database_url(),
         "RABBITMQ_URL": settings.RABBITMQ_URL,
         "CELERY_BROKER_URL": settings.RABBITMQ_URL,
         "COLLECTOR_FLUSH_SECONDS": "0.05",
@@ -77,6 +74,20 @@ def stop_process(process, timeout=30):
         process.wait()
 
 
+def database_url():
+    """The URL of this session's test database (for processes a test starts)."""
+    from django.db import connection
+
+    db = connection.settings_dict
+    return f"postgresql://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+
+
+def vhost_url(vhost):
+    """RABBITMQ_URL with another vhost."""
+    base = urllib.parse.urlparse(settings.RABBITMQ_URL)
+    return base._replace(path="/" + urllib.parse.quote(vhost, safe="")).geturl()
+
+
 def point_celery_at(url):
     """Send this process's Celery tasks to ``url`` (dropping pools made for another URL)."""
     from console.celery import app
@@ -84,6 +95,18 @@ def point_celery_at(url):
     app.conf.broker_url = url
     app._pool = None  # not closed: kombu's shared producer pools may still hold it
     app.amqp._producer_pool = None
+
+
+@pytest.fixture
+def celery_on_test_vhost(test_vhost):
+    """Jobs enqueue a Celery task when created (and resumed): send it to this session's vhost,
+    where no worker of another session can pick it up."""
+    from console.celery import app
+
+    original = app.conf.broker_url
+    point_celery_at(settings.RABBITMQ_URL)
+    yield
+    point_celery_at(original)
 
 
 @pytest.fixture(scope="session")
@@ -138,6 +161,12 @@ def collector(transactional_db, wired, clean_queues):
     stop_event, threads = start_collectors(flush_seconds=0.05)
     yield threads
     stop_collectors(stop_event, threads)
+
+
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings):
+    """PBKDF2's real cost (about a second per user) adds nothing to these tests."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 def make_user(username, role):

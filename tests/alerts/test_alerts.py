@@ -6,7 +6,6 @@ import hashlib
 import hmac
 import http.server
 import json
-import socket
 import threading
 
 import pika
@@ -27,15 +26,9 @@ from recovery.models import (
     ReplayJob,
     Status,
 )
-from tests.console.conftest import make_message
+from tests.helpers import free_port, make_message
 
 pytestmark = pytest.mark.django_db
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Receiver:

@@ -32,7 +32,7 @@ from recovery.models import (
 from tests.alerts.test_alerts import Receiver, webhook
 from tests.alerts.test_broker import reject_all
 from tests.conftest import wait_for
-from tests.console.conftest import make_message
+from tests.helpers import make_message
 
 pytestmark = pytest.mark.django_db
 

@@ -6,8 +6,9 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
-from recovery.models import ApiToken, AuditEvidence, AuditRun, AuditWindow, Message
-from tests.conftest import make_user, point_celery_at
+from recovery.models import ApiToken, AuditEvidence, AuditRun, AuditWindow
+from tests import helpers
+from tests.conftest import make_user
 
 
 class ApiClient:
@@ -40,12 +41,6 @@ class ApiClient:
         return self.post(path, data, headers)
 
 
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings):
-    # Personas get passwords; PBKDF2 would spend most of this suite hashing them.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 @pytest.fixture
 def api_as(client):
     """``api_as(user)`` -> a client with a fresh token of that user; ``api_as(None)`` anonymous."""
@@ -53,31 +48,44 @@ def api_as(client):
 
 
 @pytest.fixture
+def viewer_api(api_as, db):
+    return api_as(make_user("v", "viewer"))
+
+
+@pytest.fixture
+def operator_api(api_as, db):
+    return api_as(make_user("o", "operator"))
+
+
+@pytest.fixture
+def app_queue(amqp):
+    """A real application queue in the session vhost, empty."""
+    name = "api.app.q"
+    amqp.queue_declare(name, durable=True)
+    amqp.queue_purge(name)
+    return name
+
+
+@pytest.fixture
 def nobody(db):
     return make_user("nils", None)
 
 
-_counter = iter(range(1_000_000))
-
-
 def make_message(**fields):
-    n = next(_counter)
-    defaults = {
-        # The session's vhost once `wired` ran (replays must never reach another vhost).
-        "vhost": settings.RECOVERY_VHOSTS[0],
-        "kind": "dead_letter",
-        "source_queue": "app.q",
-        "reason": "rejected",
-        "body": b'{"n": %d}' % n,
-        "body_size": len(b'{"n": %d}' % n),
-        "fingerprint": f"api-fp-{n}",
-        "group_key": "g1",
-        "group_label": "app.q · rejected",
-        "message_id": f"mid-{n}",
-        "properties": {"message_id": f"mid-{n}", "content_type": "application/json"},
-        "content_type": "application/json",
-    }
-    return Message.objects.create(**{**defaults, **fields})
+    """An API test's message (``tests.helpers.make_message``): on the session's vhost (replays
+    must never reach another), from queue ``app.q`` through the default exchange, group g1."""
+    return helpers.make_message(
+        **{
+            "vhost": settings.RECOVERY_VHOSTS[0],
+            "source_queue": "app.q",
+            "source_exchange": "",
+            "routing_keys": [],
+            "death_count": 0,
+            "group_key": "g1",
+            "group_label": "app.q · rejected",
+            **fields,
+        }
+    )
 
 
 def make_audit(date=datetime.date(2026, 11, 20), revision=1):
@@ -103,15 +111,3 @@ def make_audit(date=datetime.date(2026, 11, 20), revision=1):
         run=run, kind="lost", window_start=start, exchange="orders", message_id="m-lost"
     )
     return run
-
-
-@pytest.fixture
-def celery_on_test_vhost(test_vhost):
-    """Jobs enqueue a Celery task when created: send it to this session's vhost, where no
-    worker of another session can pick it up. The test runs the task itself."""
-    from console.celery import app
-
-    original = app.conf.broker_url
-    point_celery_at(settings.RABBITMQ_URL)
-    yield
-    point_celery_at(original)

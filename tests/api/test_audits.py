@@ -7,12 +7,6 @@ import pytest
 from recovery.api import audits as api_audits
 from recovery.models import AuditEvidence, AuditRun
 from tests.api.conftest import make_audit, make_message
-from tests.conftest import make_user
-
-
-@pytest.fixture
-def viewer_api(api_as, db):
-    return api_as(make_user("v", "viewer"))
 
 
 def test_last_nights_audit_newest_revision_first(viewer_api):

@@ -6,7 +6,6 @@ from rest_framework.exceptions import ValidationError
 
 from recovery.api.errors import exception_handler, flatten_errors, handler404, handler500
 from tests.api.conftest import make_message
-from tests.conftest import make_user
 
 PROBLEM = "application/problem+json"
 
@@ -20,16 +19,6 @@ def assert_problem(response, status, code):
     assert body["type"] == "about:blank" and body["title"] and body["detail"]
     assert body["instance"] == response.wsgi_request.path
     return body
-
-
-@pytest.fixture
-def viewer_api(api_as, db):
-    return api_as(make_user("v", "viewer"))
-
-
-@pytest.fixture
-def operator_api(api_as, db):
-    return api_as(make_user("o", "operator"))
 
 
 def test_401_403_404(api_as, viewer_api):

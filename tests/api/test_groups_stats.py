@@ -2,16 +2,9 @@
 
 import datetime
 
-import pytest
 from django.utils import timezone
 
 from tests.api.conftest import make_message
-from tests.conftest import make_user
-
-
-@pytest.fixture
-def viewer_api(api_as, db):
-    return api_as(make_user("v", "viewer"))
 
 
 def test_groups_count_and_date_their_messages(viewer_api):

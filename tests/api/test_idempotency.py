@@ -2,26 +2,12 @@
 
 import datetime
 
-import pytest
 from django.utils import timezone
 
 from recovery.models import IdempotencyKey, Message, ReplayAttempt
 from tests.api.conftest import make_message
 from tests.conftest import make_user
 from tests.helpers import drain
-
-
-@pytest.fixture
-def operator_api(api_as, db):
-    return api_as(make_user("o", "operator"))
-
-
-@pytest.fixture
-def app_queue(amqp):
-    name = "api.idempotent.q"
-    amqp.queue_declare(name, durable=True)
-    amqp.queue_purge(name)
-    return name
 
 
 def test_replaying_twice_with_one_key_sends_one_message(operator_api, amqp, app_queue):

@@ -9,27 +9,7 @@ from django.utils import timezone
 
 from recovery.models import Activity, Message
 from tests.api.conftest import make_message
-from tests.conftest import make_user
 from tests.helpers import drain
-
-
-@pytest.fixture
-def viewer_api(api_as, db):
-    return api_as(make_user("v", "viewer"))
-
-
-@pytest.fixture
-def operator_api(api_as, db):
-    return api_as(make_user("o", "operator"))
-
-
-@pytest.fixture
-def app_queue(amqp):
-    """A real application queue in the session vhost, empty."""
-    name = "api.app.q"
-    amqp.queue_declare(name, durable=True)
-    amqp.queue_purge(name)
-    yield name
 
 
 def test_filters_and_the_q_search(viewer_api):

@@ -9,19 +9,6 @@ from tests.api.test_messages import drain
 from tests.conftest import make_user
 
 
-@pytest.fixture
-def app_queue(amqp):
-    name = "api.jobs.q"
-    amqp.queue_declare(name, durable=True)
-    amqp.queue_purge(name)
-    return name
-
-
-@pytest.fixture
-def operator_api(api_as, db):
-    return api_as(make_user("o", "operator"))
-
-
 def run_like_a_worker(job_id):
     """What a Celery worker does with the job's task, in this thread."""
     from recovery.replay.tasks import run_replay_job

@@ -5,21 +5,8 @@ import io
 import pytest
 from django.core.management import call_command
 
-from recovery.models import ApiToken, Message, hash_token
-
-
-def make_message(**fields):
-    defaults = {
-        "kind": "dead_letter",
-        "source_queue": "app.q",
-        "reason": "rejected",
-        "body": b"{}",
-        "body_size": 2,
-        "fingerprint": f"fp-{Message.objects.count()}",
-        "group_key": "g",
-        "message_id": "mid",
-    }
-    return Message.objects.create(**{**defaults, **fields})
+from recovery.models import ApiToken, hash_token
+from tests.api.conftest import make_message
 
 
 @pytest.mark.django_db
@@ -31,7 +18,7 @@ def test_it_refuses_anonymous_and_bad_tokens(client):
 
 @pytest.mark.django_db
 def test_a_viewer_lists_and_reads_but_gets_403_on_replay(api, viewer):
-    message = make_message()
+    message = make_message(body=b"{}")
     api.as_user(viewer)
     listing = api.get("/api/v1/messages", kind="dead_letter")
     assert listing.status_code == 200

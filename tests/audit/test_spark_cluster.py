@@ -8,7 +8,6 @@ import io
 import json
 import os
 import re
-import socket
 import subprocess
 import time
 import urllib.request
@@ -20,16 +19,11 @@ from django.core.management import call_command
 
 from recovery.models import AuditEvidence, AuditRun, Message
 from tests.audit.test_pipeline import BINDINGS, DAY, consumed, produced, write_log
+from tests.helpers import free_port
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 SPARK_CLASS = str(Path(pyspark.__file__).parent / "bin" / "spark-class")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def alive_workers(ui_port):

@@ -40,11 +40,6 @@ def chromium():
     os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
 
 
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 class Tab:
     """One browser page plus what it saw: dialogs, console errors, CSP violations."""
 

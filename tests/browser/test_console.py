@@ -5,7 +5,7 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from tests.console.conftest import make_message
+from tests.helpers import make_message
 from tests.test_dead_letter_path import declare_app_queue, publish, receive, reject_all, stored
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]

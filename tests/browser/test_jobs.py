@@ -7,7 +7,7 @@ from django.conf import settings
 from playwright.sync_api import expect
 
 from recovery.models import ReplayJob
-from tests.console.conftest import make_message
+from tests.helpers import make_message
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

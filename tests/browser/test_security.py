@@ -3,7 +3,7 @@
 import pytest
 from playwright.sync_api import expect
 
-from tests.console.conftest import make_message
+from tests.helpers import make_message
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

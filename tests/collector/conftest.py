@@ -16,17 +16,11 @@ import pika
 import pytest
 from django.conf import settings
 from django.core.management import call_command
-from django.db import connection
 
 from recovery.broker.management import Management
 from recovery.models import Message
-from tests.conftest import stop_process, wait_for
+from tests.conftest import database_url, stop_process, vhost_url, wait_for
 from tests.helpers import declare_app_queue, publish  # noqa: F401 - the collector tests' import
-
-
-def vhost_url(vhost):
-    base = urllib.parse.urlparse(settings.RABBITMQ_URL)
-    return base._replace(path="/" + urllib.parse.quote(vhost, safe="")).geturl()
 
 
 def open_channel(vhost=None):
@@ -71,11 +65,6 @@ def drain_queue(channel, queue, timeout=10):
             continue
         got.append((method, props, body))
     return got
-
-
-def database_url():
-    db = connection.settings_dict
-    return f"postgresql://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
 
 
 class WorkerProcess:

@@ -1,52 +1,8 @@
-"""Helpers for the console tests: stored messages made directly in the database."""
-
-import itertools
-import uuid
+"""Fixtures of the console tests (a logged-in client, fast password hashing, job tasks)."""
 
 import pytest
-from django.utils import timezone
 
-from recovery.models import Message
 from tests.conftest import point_celery_at
-
-_serial = itertools.count(1)
-
-
-def make_message(**fields):
-    """A stored message as the collector would have written it (defaults: a rejected order)."""
-    n = next(_serial)
-    body = fields.pop("body", f'{{"order": {n}}}'.encode())
-    queue = fields.get("source_queue", "orders")
-    reason = fields.get("reason", "rejected")
-    defaults = {
-        "kind": "dead_letter",
-        "vhost": "/",
-        "source_queue": queue,
-        "source_exchange": "shop",
-        "routing_keys": [queue],
-        "reason": reason,
-        "death_count": 1,
-        "message_id": f"msg-{n}",
-        "correlation_id": f"corr-{n}",
-        "properties": {"delivery_mode": 2, "content_type": "application/json"},
-        "headers": {},
-        "body": body,
-        "body_size": len(body),
-        "content_type": "application/json",
-        "fingerprint": uuid.uuid4().hex,
-        "group_key": f"group-{queue}-{reason}",
-        "group_label": f"{queue} · {reason}",
-        "collected_at": timezone.now(),
-    }
-    defaults.update(fields)
-    if "properties" not in fields:
-        # As the collector stores them: the ids are properties too (a replay sends them).
-        defaults["properties"] = {
-            **defaults["properties"],
-            "message_id": defaults["message_id"],
-            "correlation_id": defaults["correlation_id"],
-        }
-    return Message.objects.create(**defaults)
 
 
 @pytest.fixture
@@ -58,12 +14,6 @@ def logged_in(client):
         return client
 
     return login
-
-
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings):
-    """PBKDF2's real cost (about a second per user) adds nothing to these tests."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ import pytest
 from django.test import Client
 
 from tests.conftest import make_user
-from tests.console.conftest import make_message
+from tests.helpers import make_message
 
 pytestmark = pytest.mark.django_db
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from recovery.models import Activity, Message, MessageEdit, ReplayJob
-from tests.console.conftest import make_message
+from tests.helpers import make_message
 from tests.test_dead_letter_path import receive
 
 pytestmark = pytest.mark.django_db(transaction=True)

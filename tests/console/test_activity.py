@@ -3,7 +3,7 @@
 import pytest
 
 from recovery.models import Activity
-from tests.console.conftest import make_message
+from tests.helpers import make_message
 
 pytestmark = pytest.mark.django_db
 

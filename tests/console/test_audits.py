@@ -7,7 +7,7 @@ import re
 import pytest
 
 from recovery.models import AuditEvidence, AuditRun, AuditWindow
-from tests.console.conftest import make_message
+from tests.helpers import make_message
 
 pytestmark = pytest.mark.django_db
 

@@ -4,7 +4,7 @@ import pytest
 
 from recovery.models import Message
 from tests.conftest import make_user
-from tests.console.conftest import make_message
+from tests.helpers import make_message
 
 pytestmark = pytest.mark.django_db
 

@@ -8,7 +8,7 @@ import pytest
 
 from console.views.message import body_views
 from recovery.client import headers as header_codec
-from tests.console.conftest import make_message
+from tests.helpers import make_message
 
 pytestmark = pytest.mark.django_db
 

@@ -6,7 +6,7 @@ import pytest
 from django.utils import timezone
 
 from recovery.models import Message
-from tests.console.conftest import make_message
+from tests.helpers import make_message
 
 pytestmark = pytest.mark.django_db
 

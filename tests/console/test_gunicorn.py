@@ -3,7 +3,6 @@ after collectstatic) serves pages, static files and health endpoints with securi
 
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -14,13 +13,9 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
+from tests.helpers import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class NoRedirects(urllib.request.HTTPRedirectHandler):

@@ -5,7 +5,7 @@ import datetime
 import pytest
 from django.utils import timezone
 
-from tests.console.conftest import make_message
+from tests.helpers import make_message
 
 pytestmark = pytest.mark.django_db
 

@@ -5,7 +5,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from recovery.models import AlertRule, AuditRun, ReplayJob
 from tests.conftest import token_for
-from tests.console.conftest import make_message
+from tests.helpers import make_message
 
 pytestmark = pytest.mark.django_db
 

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import threading
-import urllib.parse
 from collections import Counter
 
 import pika
@@ -26,21 +25,15 @@ from recovery.broker.management import Management
 from recovery.collector.rows import delivery_to_row, store_rows
 from recovery.db import database_conninfo
 from recovery.models import Message
-from tests.conftest import point_celery_at, stop_process
+from tests.conftest import database_url, stop_process
 from tests.helpers import declare_app_queue  # noqa: F401 - the replay tests' import
 
 _ids = itertools.count(1)
 
 
 @pytest.fixture(autouse=True)
-def celery_on_test_vhost(test_vhost):
-    """create_job/resume enqueue a Celery task: send it to this session's vhost."""
-    from console.celery import app
-
-    original = app.conf.broker_url
-    point_celery_at(settings.RABBITMQ_URL)
-    yield
-    point_celery_at(original)
+def tasks_on_test_vhost(celery_on_test_vhost):
+    """Every replay test: create_job/resume enqueue their Celery task on this session's vhost."""
 
 
 def dead_letter_row(queue, body=b"payload", message_id=None, headers=None, vhost=None, **props):
@@ -211,19 +204,9 @@ def run_in_thread(job, outcome, **kwargs):
     return thread
 
 
-def vhost_url(vhost):
-    base = urllib.parse.urlparse(settings.RABBITMQ_URL)
-    return base._replace(path="/" + urllib.parse.quote(vhost, safe="")).geturl()
-
-
 @pytest.fixture(scope="session")
 def management():
     return Management()
-
-
-def database_url():
-    db = connections["default"].settings_dict
-    return f"postgresql://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
 
 
 class Worker:

@@ -3,6 +3,7 @@
 import datetime
 
 import pytest
+import time_machine
 from django.conf import settings
 from django.utils import timezone
 
@@ -133,6 +134,26 @@ def test_retention_removes_old_replayed_and_discarded_messages_only(wired, opera
     assert discard.message is None and discard.detail["message"] == discarded.pk
     assert Activity.objects.get(action="retention").detail["messages"] == 2
     assert apply_retention()["messages"] == 0
+
+
+def test_retention_counts_its_days_from_the_last_change_on_the_clock(wired, operator, settings):
+    """The clock moves, not the data: a replayed message stays until RETENTION_DAYS after its
+    last change, to the second, and goes right after."""
+    settings.RETENTION_DAYS = 30
+    [message] = dead_letters("tasks.clock", 1)
+    Message.objects.filter(pk=message.pk).update(status=Status.REPLAYED)
+    changed = Message.objects.get(pk=message.pk).updated_at
+    kept_until = changed + datetime.timedelta(days=30)
+
+    with time_machine.travel(kept_until - datetime.timedelta(seconds=1), tick=False):
+        assert apply_retention()["messages"] == 0
+    assert Message.objects.filter(pk=message.pk).exists()
+    with time_machine.travel(kept_until + datetime.timedelta(seconds=1), tick=False):
+        result = apply_retention()
+    assert result["messages"] == 1
+    cutoff = datetime.datetime.fromisoformat(result["cutoff"])
+    assert abs(cutoff - changed - datetime.timedelta(seconds=1)).total_seconds() < 0.001
+    assert not Message.objects.filter(pk=message.pk).exists()
 
 
 def test_retention_drops_the_items_of_long_finished_jobs(wired, amqp, operator):

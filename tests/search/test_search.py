@@ -14,7 +14,7 @@ from recovery.models import Message, MessageSearch
 from recovery.search import index as search_index
 from recovery.search.filters import MessageFilterForm, bytea_escape
 from tests.conftest import make_user
-from tests.console.conftest import make_message
+from tests.helpers import make_message
 
 pytestmark = pytest.mark.django_db
 

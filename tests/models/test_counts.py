@@ -12,7 +12,7 @@ from django.utils import timezone
 from recovery.collector.rows import store_rows
 from recovery.db import database_conninfo
 from recovery.models import Message, MessageCount
-from tests.console.conftest import make_message
+from tests.helpers import make_message
 
 pytestmark = pytest.mark.django_db
 
