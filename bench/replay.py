@@ -57,7 +57,8 @@ from django.db.models import Max, Min  # noqa: E402
 from bench._cpu import CpuMeter  # noqa: E402
 from recovery.broker.management import Management  # noqa: E402
 from recovery.broker.topology import wire  # noqa: E402
-from recovery.collector.rows import delivery_to_row, store_rows  # noqa: E402
+from recovery.collector.insert import store_rows  # noqa: E402
+from recovery.collector.rows import delivery_to_row  # noqa: E402
 from recovery.db import database_conninfo  # noqa: E402
 from recovery.models import ReplayAttempt  # noqa: E402
 from recovery.replay.jobs import create_job  # noqa: E402

@@ -182,7 +182,8 @@ def test_a_redelivered_dead_letter_does_not_create_a_second_row(wired, clean_que
     import psycopg
 
     from recovery.collector.consumer import start_collectors, stop_collectors
-    from recovery.collector.rows import delivery_to_row, store_rows
+    from recovery.collector.insert import store_rows
+    from recovery.collector.rows import delivery_to_row
     from recovery.db import database_conninfo
 
     declare_app_queue(amqp, "app.redeliver")

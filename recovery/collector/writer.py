@@ -24,7 +24,7 @@ from recovery import db
 from recovery.broker.connection import cluster_parameters
 from recovery.broker.topology import QUORUM
 from recovery.client.headers import UndecodableHeaders
-from recovery.collector.rows import store_rows
+from recovery.collector.insert import store_rows
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import os
 import pytest
 from django.core.management import call_command
 
-from recovery.audit.run import export_store
+from recovery.audit.export import export_store
 from recovery.models import AuditEvidence, AuditRun, Message
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -244,7 +244,7 @@ def test_outputs_a_cluster_wrote_where_this_machine_cannot_read_fail_the_run(tmp
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from recovery.audit.run import check_outputs
+    from recovery.audit.results import check_outputs
     from recovery.errors import AuditError
 
     (tmp_path / "lost").mkdir()

@@ -9,7 +9,7 @@ from django.db import connection
 from django.db.models import Count, Sum
 from django.utils import timezone
 
-from recovery.collector.rows import store_rows
+from recovery.collector.insert import store_rows
 from recovery.db import database_conninfo
 from recovery.models import Message, MessageCount
 from tests.helpers import make_message

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from django.conf import settings
 
-from recovery.audit.run import export_store
+from recovery.audit.export import export_store
 from recovery.db import database_conninfo, direct_conninfo
 from recovery.models import Message, Status
 from recovery.replay.jobs import create_job

@@ -22,7 +22,8 @@ from django.conf import settings
 from django.db import connections
 
 from recovery.broker.management import Management
-from recovery.collector.rows import delivery_to_row, store_rows
+from recovery.collector.insert import store_rows
+from recovery.collector.rows import delivery_to_row
 from recovery.db import database_conninfo
 from recovery.models import Message
 from tests.conftest import database_url, stop_process

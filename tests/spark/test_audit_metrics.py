@@ -380,7 +380,7 @@ def test_it_matches_routing_keys_with_topic_semantics(pattern, key, matches):
 def test_the_loader_reads_the_window_keys_the_job_writes():
     """recovery/ may not import spark/ (separate layers): the one duplicated definition is held
     equal here."""
-    from recovery.audit.run import WINDOW_KEYS as loaded
+    from recovery.audit.results import WINDOW_KEYS as loaded
     from spark.metrics import WINDOW_KEYS as written
 
     assert loaded == written
