@@ -16,7 +16,7 @@ from recovery.replay.curation import (
 from recovery.replay.one import (
     REPLAYABLE,
     STRIPPED_HEADERS,
-    Publisher,
+    ConfirmingPublisher,
     claim,
     record_outcome,
     replay_message,
@@ -27,7 +27,7 @@ __all__ = [
     "REPLAYABLE",
     "STRIPPED_HEADERS",
     "BrokerUnavailable",
-    "Publisher",
+    "ConfirmingPublisher",
     "ReplayError",
     "StateError",
     "claim",

@@ -98,7 +98,7 @@ def wire_from_columns(pk, properties_json, headers_json, body, replay_count, rep
     return pika.BasicProperties(headers=headers, **props), bytes(body)
 
 
-class Publisher:
+class ConfirmingPublisher:
     """A confirming, mandatory publisher on one vhost (one message at a time). Context manager."""
 
     def __init__(self, vhost):
@@ -245,7 +245,7 @@ def _send(claimed, target, replayed_by, headers, body):
         return final_exchange, final_key, ReplayAttempt.Outcome.FAILED, refused
     if target.delay_seconds:
         ensure_delay_routes(claimed.vhost, target.delay_seconds, [final_exchange])
-    with Publisher(claimed.vhost) as publisher:
+    with ConfirmingPublisher(claimed.vhost) as publisher:
         outcome, detail = publisher.publish(publish_exchange, publish_key, properties, payload)
     if target.delay_seconds and outcome == ReplayAttempt.Outcome.CONFIRMED:
         detail = f"delayed {target.delay_seconds}s via {publish_exchange}"

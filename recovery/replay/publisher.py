@@ -1,13 +1,14 @@
 """The bulk replay publisher: asynchronous publisher confirms over a bounded window.
 
-Confirming each publish before the next (recovery.replay.one.Publisher) costs a round trip per
-message; the seeds measured async confirms at several times that rate. This publisher keeps up to
-``window`` publishes unconfirmed on one pika ``SelectConnection``, driven by its own I/O thread,
-and reports an outcome per entry. It is the seeds' RetryCache: every publish stays in the cache
-until the broker answers it; when the connection or channel is lost, or a confirm does not come
-within ``confirm_timeout``, what was unconfirmed is published again on the next connection. So a
-message is never lost to a force-closed connection, and a message is duplicated only if the
-broker had taken it but its confirm was lost with the connection — at most ``window`` per loss.
+Confirming each publish before the next (recovery.replay.one.ConfirmingPublisher, the one-click
+path) costs a round trip per message; the seeds measured async confirms at several times that rate.
+This publisher keeps up to ``window`` publishes unconfirmed on one pika ``SelectConnection``,
+driven by its own I/O thread, and reports an outcome per entry. It is the seeds' RetryCache: every
+publish stays in the cache until the broker answers it; when the connection or channel is lost, or
+a confirm does not come within ``confirm_timeout``, what was unconfirmed is published again on the
+next connection. So a message is never lost to a force-closed connection, and a message is
+duplicated only if the broker had taken it but its confirm was lost with the connection — at most
+``window`` per loss.
 
 Outcomes (``Outcome.outcome``): ``confirmed`` (acked, not returned), ``returned`` (mandatory
 ``basic.return``: nothing bound), ``nacked``, ``failed`` (the broker refused it, e.g. a missing
