@@ -1,10 +1,13 @@
 """Several vhosts served at once, and the per-source counters /healthz shows."""
 
+from datetime import timedelta
+
 import pytest
+import time_machine
 
 from recovery.broker.management import Management
 from recovery.collector.consumer import start_collectors, stop_collectors
-from recovery.collector.health import collector_health
+from recovery.collector.health import STALE_AFTER, collector_health
 from recovery.models import CollectorHeartbeat, Kind
 from recovery.replay import replay_message
 from tests.collector.conftest import declare_app_queue, open_channel, publish, reject_next, stored
@@ -112,6 +115,29 @@ def test_health_shows_the_lag_when_nobody_collects(transactional_db, wired, clea
     dead_letters = next(s for s in health["sources"] if s["queue"] == "recovery.dead_letters")
     assert (dead_letters["depth"], dead_letters["collectors"], dead_letters["rate"]) == (3, 0, 0)
     assert health["lag"][wired]["recovery.dead_letters"] == 3
+
+
+def test_a_collector_that_stops_beating_is_running_for_30_seconds_then_not(
+    transactional_db, wired, clean_queues
+):
+    """The clock moves, nothing else: a heartbeat counts for STALE_AFTER (30 s), not a second
+    longer, so a dead collector leaves the health report (and its alerts fire) on time."""
+    CollectorHeartbeat.objects.all().delete()
+    beat = CollectorHeartbeat.objects.create(
+        worker="host-1:42", vhost=wired, queue="recovery.dead_letters", rate=12.5
+    )
+
+    with time_machine.travel(beat.updated_at + STALE_AFTER - timedelta(seconds=1), tick=False):
+        health = collector_health()
+    assert health["running"] is True
+    dead_letters = next(s for s in health["sources"] if s["queue"] == "recovery.dead_letters")
+    assert (dead_letters["collectors"], dead_letters["rate"]) == (1, 12.5)
+
+    with time_machine.travel(beat.updated_at + STALE_AFTER + timedelta(seconds=1), tick=False):
+        health = collector_health()
+    assert health["running"] is False and health["threads"] == []
+    dead_letters = next(s for s in health["sources"] if s["queue"] == "recovery.dead_letters")
+    assert (dead_letters["collectors"], dead_letters["rate"]) == (0, 0)
 
 
 def test_health_says_when_a_vhost_is_not_wired_or_not_there(transactional_db, wired, settings):
