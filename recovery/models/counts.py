@@ -1,6 +1,6 @@
-"""The store's counts: deltas per hour and per failure group that the collector, replays and
-retention write beside the messages (MessageCount, MessageTotal), folded by a beat task, and the
-queries over them (the overview, the failure groups)."""
+"""The store's counts: delta rows per hour and per failure group (MessageCount, MessageTotal),
+written by triggers in the same statements that insert, change or delete messages, folded by a
+beat task; and the queries over them (the overview, the failure groups, /metrics)."""
 
 import datetime
 
