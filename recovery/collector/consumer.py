@@ -298,9 +298,20 @@ def start_collectors(vhosts=None, names=None, conninfo=None, writers=None, **tun
 
 
 def stop_collectors(stop_event, threads, timeout=10):
+    """Stop consuming, store and ack what is held, within ``timeout`` seconds. A collector that
+    has not finished by then is left behind (its deliveries go back to the queue when the
+    process exits, and come again: stored ones are recognised by their fingerprint) and said."""
     stop_event.set()
     deadline = time.monotonic() + timeout
     for thread in threads:
         thread.join(max(0.1, deadline - time.monotonic()))
+    for thread in threads:
+        if thread.is_alive():
+            log.warning(
+                "%s: still storing or acking %d messages after %ss; they go back to the queue",
+                thread.name,
+                thread.in_flight,
+                timeout,
+            )
     for pool in {id(t.pool): t.pool for t in threads if not t.own_pool}.values():
         pool.close(max(0.1, deadline - time.monotonic()))

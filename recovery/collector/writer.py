@@ -182,6 +182,9 @@ class WriterPool:
         self.conninfo = conninfo
         self.stop_event = stop_event
         self.batches = queue.Queue(maxsize=size)
+        # Set by close(): a writer that finds no batch waiting stops (a stop marker may not fit
+        # in a queue full of batches a stalled database holds up).
+        self.closing = False
         self.collectors = []  # whose heartbeats the writers write
         self.writers = [BatchWriter(self, n) for n in range(size)]
 
@@ -203,6 +206,7 @@ class WriterPool:
 
     def close(self, timeout=5.0):
         deadline = time.monotonic() + timeout
+        self.closing = True
         for _ in self.writers:
             with contextlib.suppress(queue.Full):
                 self.batches.put(_STOP, timeout=max(0.1, deadline - time.monotonic()))
@@ -227,6 +231,8 @@ class BatchWriter(threading.Thread):
             try:
                 item = self.pool.batches.get(timeout=HEARTBEAT_SECONDS / 2)
             except queue.Empty:
+                if self.pool.closing:
+                    break
                 self.beat_all()
                 continue
             if item is _STOP:

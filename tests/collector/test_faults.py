@@ -9,18 +9,22 @@ about 1-3 minutes on a 2-core machine: COLLECTOR_FAULT_KILL_N (100000),
 COLLECTOR_FAULT_N (30000) for the others, COLLECTOR_FAULT_SEED for the kill points.
 """
 
+import logging
 import os
 import random
 import subprocess
 import time
 
 import pika
+import psycopg
 import pytest
 from django.conf import settings
 from django.db import connection
 
+from recovery.collector.consumer import start_collectors, stop_collectors
 from recovery.collector.health import collector_health
 from recovery.collector.processes import collector_process_count
+from recovery.db import database_conninfo
 from recovery.models import Message
 from tests.collector.conftest import depth, open_channel
 from tests.conftest import wait_for
@@ -98,6 +102,45 @@ def assert_exactly_once_and_empty(worker, queue, n, vhost):
     channel = open_channel(vhost)
     assert depth(channel, "recovery.dead_letters") == 0
     channel.connection.close()
+
+
+@pytest.mark.usefixtures("transactional_db", "clean_queues")
+def test_a_stop_that_outlasts_its_time_says_what_it_leaves_behind(wired, caplog):
+    """PostgreSQL stalls (a lock on the store) while a collector holds a batch, and it is told to
+    stop within 1 s: it says, in the log, how many messages it is still storing or acking (what
+    goes back to the queue if the process exits now); once PostgreSQL moves, it finishes, and
+    every message is stored once and acked."""
+    n = 50
+    fill(wired, "fault.slowstop", n)
+    stop_event, threads = start_collectors(flush_seconds=0.05)
+    try:
+        with psycopg.connect(database_conninfo("lazarus-test-lock")) as blocker:
+            blocker.execute("LOCK TABLE recovery_message IN ACCESS EXCLUSIVE MODE")
+            wait_for(lambda: sum(t.in_flight for t in threads) > 0, message="a batch held")
+            with caplog.at_level(logging.WARNING, logger="recovery.collector.consumer"):
+                stop_collectors(stop_event, threads, timeout=1)
+            held = sum(t.in_flight for t in threads)
+            blocker.rollback()  # PostgreSQL moves again
+    finally:
+        stop_event.set()
+    left = [r.getMessage() for r in caplog.records if "still storing or acking" in r.getMessage()]
+    assert held > 0 and left, caplog.text
+    assert f"still storing or acking {held} messages" in " ".join(left)
+    wait_for(lambda: stored_count("fault.slowstop") == n, timeout=30, message="all stored")
+    writers = {id(w): w for t in threads for w in t.pool.writers}.values()
+    for thread in [*threads, *writers]:
+        thread.join(35)
+    assert not any(thread.is_alive() for thread in [*threads, *writers])
+    channel = open_channel(wired)
+    assert depth(channel, "recovery.dead_letters") == 0  # acked, not left for redelivery
+    channel.connection.close()
+    assert (
+        Message.objects.filter(source_queue="fault.slowstop")
+        .values("message_id")
+        .distinct()
+        .count()
+        == n
+    )
 
 
 def test_kill_9_at_random_points_loses_and_doubles_nothing(worker_process, wired):
@@ -217,12 +260,14 @@ def test_sigterm_mid_drain_stores_and_acks_what_it_holds_then_exits(worker_proce
     assert seen["code"] == 0 and seen["took"] < 20, seen
     assert 0 < seen["stored"] < KILL_N, seen
     # Nothing lost: every message is stored or back in the queue. Some stored rows may be back in
-    # the queue too (their ack did not leave before the exit: 157 of 38,411 seen once, 1,031 of
-    # 101,031 once; why is an open question from #18), at most what each collector process holds
-    # unacked, its prefetch window: acks go out in order, so a batch still being written holds
-    # back the acks of those stored after it. (This bound was two batches, 1,000, until a run
-    # exceeded it.) The store's fingerprint drops them when they come again (below: exactly once).
+    # the queue too (157 of 38,411 seen once, 1,031 of 101,031 once, on a machine three times
+    # slower than the one that later saw 0 in three runs): at most what each collector process
+    # holds unacked, its prefetch window. The candidate cause: a stop that outlasts its 10 s
+    # (stop_collectors) leaves the collector behind when the process exits, with batches a
+    # writer may still commit; it now says so in the log (the test below). The store's
+    # fingerprint drops them when they come again (below: exactly once).
     doubles = seen["stored"] + seen["queued"] - KILL_N
     held = collector_process_count(settings.COLLECTOR_PROCESSES) * settings.COLLECTOR_PREFETCH
+    print(f"\nSIGTERM mid-drain: {seen}, stored and back in the queue: {doubles} (<= {held})")
     assert 0 <= doubles <= held, seen
     assert_exactly_once_and_empty(worker, "fault.term", KILL_N, wired)
