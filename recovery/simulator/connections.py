@@ -5,12 +5,15 @@ set through the AMQP URL, so forced drops and crashes close exactly the simulato
 in its vhost, through the management API — never a collector's or another application's.
 """
 
+import logging
 import queue
 import threading
 import time
 import urllib.parse
 
 from recovery.errors import ManagementError
+
+log = logging.getLogger(__name__)
 
 PREFIX = "lazarus-simulate"
 # New connections show up in the management API's listing after a short delay (~2 s on 3.10).
@@ -62,12 +65,19 @@ class Connections:
         }
 
     def _close(self, server_name):
+        """Force-close one connection: True if this call closed it, False if it was gone."""
         try:
             self.management.request("DELETE", f"/connections/{self.management.quote(server_name)}")
         except ManagementError as exc:
-            if "HTTP 404" not in str(exc):  # gone already (it was reconnecting)
-                raise
-            return False
+            if "HTTP 404" in str(exc):  # gone already (it was reconnecting)
+                return False
+            # RabbitMQ answers 500 when the connection ends while it handles the DELETE (seen
+            # once in a test run). Only connections this run closes end mid-run, so a 500 for
+            # one that is no longer listed is this call's close; one still listed is an error.
+            if "HTTP 500" in str(exc) and server_name not in self.listed().values():
+                log.info("DELETE of %s answered 500, and it is gone: closed", server_name)
+                return True
+            raise
         return True
 
     def drop(self, wait=LISTING_WAIT_S):

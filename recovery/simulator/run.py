@@ -209,9 +209,13 @@ class Simulation:
                     message_id=message.message_id,
                 )
         finally:
-            dropper.finish()  # before the publishers close: a drop is meant to hit them
-            for publisher in publishers:
-                publisher.close(timeout=cfg.settle_timeout)
+            try:
+                dropper.finish()  # before the publishers close: a drop is meant to hit them
+            finally:
+                # Even when a drop failed: a publisher left open keeps resending this run's
+                # messages into the next run's queues (seen once: a drop's HTTP 500 left them).
+                for publisher in publishers:
+                    publisher.close(timeout=cfg.settle_timeout)
 
     def _late_unbound(self):
         bound = {b["queue"] for b in self.bindings}
