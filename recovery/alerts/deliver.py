@@ -3,7 +3,9 @@ with HMAC-SHA256, Slack-compatible incoming webhooks, email through Django's ema
 
 A failed attempt is recorded on the notification (``attempt_log``) and retried with backoff
 (30 s doubling to an hour) up to ALERTS_MAX_ATTEMPTS, then the notification is ``failed``; a
-channel that failed FAILING_AFTER times in a row is shown as failing on the alerts page.
+channel that failed FAILING_AFTER times in a row is shown as failing on the alerts page. That
+bookkeeping is on the models (``Notification.record_delivered`` / ``record_failed``); this
+module sends.
 
 Webhook signature: ``X-Lazarus-Signature: sha256=<hex HMAC-SHA256(secret, "<ts>.<body>")>`` with
 ``X-Lazarus-Timestamp: <ts>`` (Unix seconds): a receiver recomputes it over the raw body and
@@ -23,8 +25,6 @@ from django.db import transaction
 from django.utils import timezone
 
 from recovery.models import Notification, NotificationChannel
-
-ATTEMPTS_KEPT = 20
 
 
 class DeliveryError(Exception):
@@ -90,35 +90,15 @@ def send(channel: NotificationChannel, payload: dict) -> str:
 
 
 def deliver_one(notification: Notification, now=None) -> bool:
+    """One attempt at one notification; the outcome is recorded on it and its channel."""
     now = now or timezone.now()
-    channel = notification.channel
-    notification.attempts += 1
     try:
-        result = send(channel, notification.payload)
-        ok, error = True, ""
+        result = send(notification.channel, notification.payload)
     except DeliveryError as exc:
-        ok, error, result = False, str(exc)[:1000], ""
-    notification.attempt_log = [
-        *notification.attempt_log[-(ATTEMPTS_KEPT - 1) :],
-        {"at": now.isoformat(), "ok": ok, "result": result, "error": error},
-    ]
-    if ok:
-        notification.status = Notification.Status.DELIVERED
-        notification.delivered_at = now
-        notification.last_error = ""
-        channel.consecutive_failures = 0
-        channel.last_success_at = now
-    else:
-        notification.last_error = error
-        channel.consecutive_failures += 1
-        channel.last_error = error
-        if notification.attempts >= settings.ALERTS_MAX_ATTEMPTS:
-            notification.status = Notification.Status.FAILED
-        else:
-            notification.next_attempt_at = now + notification.backoff()
-    notification.save()
-    channel.save(update_fields=["consecutive_failures", "last_error", "last_success_at"])
-    return ok
+        notification.record_failed(now, str(exc))
+        return False
+    notification.record_delivered(now, result)
+    return True
 
 
 def deliver_due(now=None, limit=100) -> dict:

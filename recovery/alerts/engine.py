@@ -1,5 +1,7 @@
 """Evaluate the enabled rules (a beat task every ALERTS_EVALUATE_SECONDS) and queue their
 notifications in the outbox. Evaluation never sends anything itself (recovery/alerts/deliver.py).
+This module is the loop; each rule's state machine is on the model (``AlertRule.decide`` and
+``AlertRule.apply_outcome``).
 
 Per rule: one notification when it starts firing (after ``for_seconds`` of its condition), one
 when it resolves, a reminder every ``remind_every`` while it fires, an ``updated`` one when a
@@ -9,124 +11,17 @@ API down) leaves the state as it was, records the error on the rule and in its h
 and is shown: an unknown is never taken for ok.
 """
 
-import datetime
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
-from django.conf import settings
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from recovery.alerts.checks import run_check
 from recovery.broker.management import CachedReads
-from recovery.models import AlertRule, AlertTransition, Notification
+from recovery.models import AlertRule
 
 log = logging.getLogger(__name__)
-
-
-def console_url(path=""):
-    return settings.CONSOLE_BASE_URL.rstrip("/") + path
-
-
-def payload(rule, event, now, check=None):
-    """The documented notification body (docs/alerts.md)."""
-    return {
-        "event": event,
-        "at": now.isoformat(),
-        "rule": {
-            "id": rule.pk,
-            "name": rule.name,
-            "kind": rule.kind,
-            "scope": rule.scope,
-            "state": rule.state,
-            "since": rule.state_since.isoformat(),
-            "url": console_url(f"/alerts/{rule.pk}/"),
-        },
-        "value": check.value if check else rule.last_value,
-        "summary": check.summary if check else rule.last_summary,
-        "items": check.items if check else rule.last_items,
-    }
-
-
-def queue_notifications(rule, event, now, check=None):
-    channels = [c for c in rule.channels.all() if c.enabled]
-    body = payload(rule, event, now, check)
-    Notification.objects.bulk_create(
-        Notification(rule=rule, channel=c, event=event, payload=body, next_attempt_at=now)
-        for c in channels
-    )
-    rule.last_notified_at = now
-    return len(channels)
-
-
-# What an evaluation may change on a rule besides last_evaluated_at (which ``evaluate`` sets
-# for the whole cycle in one statement): a rule none of these changed for is not saved.
-STATE_FIELDS = (
-    "state",
-    "state_since",
-    "condition_since",
-    "last_value",
-    "last_summary",
-    "last_items",
-    "last_error",
-    "last_notified_at",
-)
-
-
-def _state(rule):
-    return tuple(getattr(rule, name) for name in STATE_FIELDS)
-
-
-def decide(rule, now, check) -> str | None:
-    """Apply one rule's check (a Check, or the exception its check raised) to the rule in
-    memory; returns the event to notify (firing, resolved, reminder, updated) or None."""
-    if isinstance(check, Exception):
-        rule.last_error = f"{type(check).__name__}: {check}"[:1000]
-        return None
-    event = None
-    held = datetime.timedelta(seconds=rule.for_seconds)
-    if check.firing:
-        rule.condition_since = rule.condition_since or now
-    else:
-        rule.condition_since = None
-    should_fire = check.firing and now - rule.condition_since >= held
-    if should_fire and rule.state == AlertRule.State.OK:
-        rule.state, rule.state_since, event = AlertRule.State.FIRING, now, "firing"
-    elif not check.firing and rule.state == AlertRule.State.FIRING:
-        rule.state, rule.state_since, event = AlertRule.State.OK, now, "resolved"
-    elif rule.state == AlertRule.State.FIRING:
-        if rule.kind == AlertRule.Kind.NEW_FAILURE_GROUP and set(check.items) - set(
-            rule.last_items
-        ):
-            event = "updated"
-        elif rule.remind_every and now - (rule.last_notified_at or rule.state_since) >= (
-            rule.remind_every
-        ):
-            event = "reminder"
-    rule.last_value, rule.last_summary, rule.last_items = check.value, check.summary, check.items
-    rule.last_error = ""
-    if rule.muted(now) and event not in ("firing", "resolved"):
-        # Muted: the state still changes (and is returned), but nothing is said, so there is
-        # nothing to remind of or update.
-        event = None
-    return event
-
-
-def persist(rule, now, check, event):
-    """Write what ``decide`` changed: the transition, the notifications, the rule."""
-    rule.last_evaluated_at = now
-    if isinstance(check, Exception):
-        AlertTransition.objects.create(rule=rule, at=now, state="error", summary=rule.last_error)
-        rule.save(update_fields=["last_error", "last_evaluated_at"])
-        log.warning("alert rule %s could not be evaluated: %s", rule.pk, rule.last_error)
-        return
-    if event in ("firing", "resolved"):
-        AlertTransition.objects.create(
-            rule=rule, at=now, state=rule.state, value=check.value, summary=check.summary
-        )
-    if event and not rule.muted(now):
-        queue_notifications(rule, event, now, check)
-    rule.save()
 
 
 # The kinds whose check reads the broker's management API and never the database: a cycle runs
@@ -171,15 +66,19 @@ def evaluate(now=None, management=None) -> dict:
         # transition twice; the second decides on the state the first saved.
         rules = AlertRule.objects.select_for_update(skip_locked=True).filter(pk__in=list(checks))
         for rule in rules.order_by("pk"):
-            before = _state(rule)
-            event = events[rule.pk] = decide(rule, now, checks[rule.pk])
-            if event is None and _state(rule) == before:
+            check = checks[rule.pk]
+            before = rule.evaluated_state()
+            event = events[rule.pk] = rule.decide(now, check)
+            if event is None and rule.evaluated_state() == before:
                 continue
             try:
                 with transaction.atomic():
-                    persist(rule, now, checks[rule.pk], event)
+                    rule.apply_outcome(now, check, event)
             except DatabaseError:
                 log.exception("alert rule %s: its evaluation could not be saved", rule.pk)
+                continue
+            if isinstance(check, Exception):
+                log.warning("alert rule %s could not be evaluated: %s", rule.pk, rule.last_error)
         # Every rule looked at, saved or not, in one statement (the "unknown" badge reads it).
         AlertRule.objects.filter(pk__in=list(events)).update(last_evaluated_at=now)
     return events

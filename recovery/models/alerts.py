@@ -12,9 +12,11 @@ from django.utils import timezone
 class AlertRule(models.Model):
     """One thing to watch (``kind`` + ``params``, optionally scoped) and its state.
 
-    The state changes only through ``recovery.alerts.engine.evaluate``: ok -> firing notifies
-    once, firing -> ok notifies once, a firing rule reminds every ``remind_every`` (none: never);
-    a muted rule keeps its state and history but notifies nobody until ``muted_until``."""
+    The state changes only through ``decide`` and ``apply_outcome``, which
+    ``recovery.alerts.engine.evaluate`` calls once per cycle with the rule's check: ok -> firing
+    notifies once, firing -> ok notifies once, a firing rule reminds every ``remind_every``
+    (none: never); a muted rule keeps its state and history but notifies nobody until
+    ``muted_until``."""
 
     class Kind(models.TextChoices):
         NEW_FAILURE_GROUP = "new_failure_group", "a new failure group appears"
@@ -93,6 +95,115 @@ class AlertRule(models.Model):
             if v
         }
 
+    # What an evaluation may change on a rule besides last_evaluated_at (which the engine sets
+    # for the whole cycle in one statement): a rule none of these changed for is not saved.
+    EVALUATED_FIELDS = (
+        "state",
+        "state_since",
+        "condition_since",
+        "last_value",
+        "last_summary",
+        "last_items",
+        "last_error",
+        "last_notified_at",
+    )
+
+    def evaluated_state(self) -> tuple:
+        """The values of EVALUATED_FIELDS: compared before and after ``decide``."""
+        return tuple(getattr(self, name) for name in self.EVALUATED_FIELDS)
+
+    def decide(self, now, check) -> str | None:
+        """Apply one check (a ``recovery.alerts.checks.Check``, or the exception the check
+        raised) to the rule in memory; returns the event to notify (firing, resolved, reminder,
+        updated) or None. Saves nothing: ``apply_outcome`` does.
+
+        A check that could not look only records its error: the state stays as it was, since
+        an unknown is never taken for ok."""
+        if isinstance(check, Exception):
+            self.last_error = f"{type(check).__name__}: {check}"[:1000]
+            return None
+        event = None
+        held = datetime.timedelta(seconds=self.for_seconds)
+        if check.firing:
+            self.condition_since = self.condition_since or now
+        else:
+            self.condition_since = None
+        should_fire = check.firing and now - self.condition_since >= held
+        if should_fire and self.state == self.State.OK:
+            self.state, self.state_since, event = self.State.FIRING, now, "firing"
+        elif not check.firing and self.state == self.State.FIRING:
+            self.state, self.state_since, event = self.State.OK, now, "resolved"
+        elif self.state == self.State.FIRING:
+            if self.kind == self.Kind.NEW_FAILURE_GROUP and set(check.items) - set(self.last_items):
+                event = "updated"
+            elif self.remind_every and now - (self.last_notified_at or self.state_since) >= (
+                self.remind_every
+            ):
+                event = "reminder"
+        self.last_value = check.value
+        self.last_summary = check.summary
+        self.last_items = check.items
+        self.last_error = ""
+        if self.muted(now) and event not in ("firing", "resolved"):
+            # Muted: the state still changes (and is returned), but nothing is said, so there
+            # is nothing to remind of or update.
+            event = None
+        return event
+
+    def apply_outcome(self, now, check, event) -> None:
+        """Write what ``decide`` changed: the transition, the notifications, the rule. The
+        caller holds the rule's row lock (``select_for_update``) and a transaction."""
+        self.last_evaluated_at = now
+        if isinstance(check, Exception):
+            AlertTransition.objects.create(
+                rule=self, at=now, state="error", summary=self.last_error
+            )
+            self.save(update_fields=["last_error", "last_evaluated_at"])
+            return
+        if event in ("firing", "resolved"):
+            AlertTransition.objects.create(
+                rule=self, at=now, state=self.state, value=check.value, summary=check.summary
+            )
+        if event and not self.muted(now):
+            self.queue_notifications(event, now, check)
+        self.save()
+
+    def notification_payload(self, event, now, check=None) -> dict:
+        """The documented notification body (docs/alerts.md); without a check, the last one
+        the rule saw."""
+        return {
+            "event": event,
+            "at": now.isoformat(),
+            "rule": {
+                "id": self.pk,
+                "name": self.name,
+                "kind": self.kind,
+                "scope": self.scope,
+                "state": self.state,
+                "since": self.state_since.isoformat(),
+                "url": console_url(f"/alerts/{self.pk}/"),
+            },
+            "value": check.value if check else self.last_value,
+            "summary": check.summary if check else self.last_summary,
+            "items": check.items if check else self.last_items,
+        }
+
+    def queue_notifications(self, event, now, check=None) -> int:
+        """One outbox row per enabled channel (delivered later, outside any transaction, by
+        ``recovery.alerts.deliver``); returns how many."""
+        channels = [c for c in self.channels.all() if c.enabled]
+        body = self.notification_payload(event, now, check)
+        Notification.objects.bulk_create(
+            Notification(rule=self, channel=c, event=event, payload=body, next_attempt_at=now)
+            for c in channels
+        )
+        self.last_notified_at = now
+        return len(channels)
+
+
+def console_url(path=""):
+    return settings.CONSOLE_BASE_URL.rstrip("/") + path
+
 
 class AlertTransition(models.Model):
     """A rule's history: every change of state (and every error that kept it from looking)."""
@@ -144,6 +255,16 @@ class NotificationChannel(models.Model):
     def failing(self) -> bool:
         return self.consecutive_failures >= self.FAILING_AFTER
 
+    def record_success(self, now) -> None:
+        self.consecutive_failures = 0
+        self.last_success_at = now
+        self.save(update_fields=["consecutive_failures", "last_error", "last_success_at"])
+
+    def record_failure(self, error: str) -> None:
+        self.consecutive_failures += 1
+        self.last_error = error
+        self.save(update_fields=["consecutive_failures", "last_error", "last_success_at"])
+
 
 class Notification(models.Model):
     """The outbox: one notification to one channel, delivered with retries and backoff by
@@ -167,7 +288,7 @@ class Notification(models.Model):
     attempts = models.IntegerField(default=0)
     next_attempt_at = models.DateTimeField(default=timezone.now)
     last_error = models.TextField(blank=True, default="")
-    # Every attempt: [{at, ok, status, error}], newest last (capped).
+    # Every attempt: [{at, ok, result, error}], newest last (capped: ATTEMPTS_KEPT).
     attempt_log = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     delivered_at = models.DateTimeField(null=True, blank=True)
@@ -182,6 +303,39 @@ class Notification(models.Model):
             )
         ]
 
+    # Entries of attempt_log kept: a notification retried for days stays a small row.
+    ATTEMPTS_KEPT = 20
+
     def backoff(self) -> datetime.timedelta:
         """30 s, 1 min, 2 min, ... capped at an hour."""
         return datetime.timedelta(seconds=min(30 * 2 ** max(self.attempts - 1, 0), 3600))
+
+    def record_delivered(self, now, result: str) -> None:
+        """One attempt that reached the receiver (``result``: what it answered): delivered,
+        and the channel's run of failures ends. Saves both."""
+        self._log_attempt(now, ok=True, result=result, error="")
+        self.status = self.Status.DELIVERED
+        self.delivered_at = now
+        self.last_error = ""
+        self.save()
+        self.channel.record_success(now)
+
+    def record_failed(self, now, error: str) -> None:
+        """One attempt that failed: retried after ``backoff``, or given up (``failed``) at
+        ALERTS_MAX_ATTEMPTS; the channel counts one more failure in a row. Saves both."""
+        error = error[:1000]
+        self._log_attempt(now, ok=False, result="", error=error)
+        self.last_error = error
+        if self.attempts >= settings.ALERTS_MAX_ATTEMPTS:
+            self.status = self.Status.FAILED
+        else:
+            self.next_attempt_at = now + self.backoff()
+        self.save()
+        self.channel.record_failure(error)
+
+    def _log_attempt(self, now, ok, result, error):
+        self.attempts += 1
+        self.attempt_log = [
+            *self.attempt_log[-(self.ATTEMPTS_KEPT - 1) :],
+            {"at": now.isoformat(), "ok": ok, "result": result, "error": error},
+        ]
