@@ -1,13 +1,14 @@
 """Full Spark audit vs the bare loss/duplicate query of ../shared/bench/audit_baseline.py.
 
 Generates N publishes and ~N consumptions (0.1 % lost, 0.5 % delivered twice, as the baseline
-does) in the DESIGN.md log schema, Parquet partitioned dt=/hour=, then in ONE Spark session with
-the audit's shuffle partitions (settings.SPARK_SHUFFLE_PARTITIONS, 8) for both contenders: the
-baseline query at N, the full audit (run_audit + write_outputs) at N, the baseline again (the
-machine is shared: the ratio uses the mean of the two baselines and both are printed), and the
-full audit at the small N. Prints audit/baseline (target <= 1.5), seconds per record at the small
-N vs N (target growth <= 1.3x), the Spark JVM's CPU per message of both contenders (steadier than
-wall time on a shared machine) and the driver's peak memory. Prints, never asserts.
+does) in the log schema (docs/design.md "The log contract"), Parquet partitioned dt=/hour=, then
+in ONE Spark session with the audit's shuffle partitions (settings.SPARK_SHUFFLE_PARTITIONS, 8)
+for both contenders: the baseline query at N, the full audit (run_audit + write_outputs) at N,
+the baseline again (the machine is shared: the ratio uses the mean of the two baselines and both
+are printed), and the full audit at the small N. Prints audit/baseline (target <= 1.5), seconds
+per record at the small N vs N (target growth <= 1.3x), the Spark JVM's CPU per message of both
+contenders (steadier than wall time on a shared machine) and the driver's peak memory. Prints,
+never asserts.
 
 Usage: python bench/audit.py [N=10000000] [--small 1000000] [--dir /tmp/lazarus-bench-audit]
 """

@@ -8,10 +8,12 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 
 app = Celery("lazarus")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-# Each domain package keeps its tasks in its own ``tasks`` module (found when the app finalizes);
-# the counts rollup has a module of its own. Every beat entry's task must live in one of them
-# (tests/test_health_and_worker.py checks it in a fresh interpreter).
+# Each domain package keeps its tasks in its own ``tasks`` module (found when the app finalizes),
+# each task named by its module path (recovery/old_task_names.py keeps the names from before).
+# Every beat entry's task must live in one of them (tests/test_health_and_worker.py checks it in
+# a fresh interpreter).
 TASK_PACKAGES = [
+    "recovery.models",  # the store: retention, folding the counts
     "recovery.collector",
     "recovery.replay",
     "recovery.audit",
@@ -20,10 +22,7 @@ TASK_PACKAGES = [
     "recovery.broker",
 ]
 app.autodiscover_tasks(TASK_PACKAGES)
-app.conf.imports = [
-    *(f"{package}.tasks" for package in TASK_PACKAGES),
-    "recovery.search.count_tasks",
-]
+app.conf.imports = [f"{package}.tasks" for package in TASK_PACKAGES]
 
 app.user_options["worker"].add(
     click.Option(
@@ -76,56 +75,56 @@ def search_index_seconds():
 
 
 app.conf.beat_schedule = {
-    "retention": {"task": "recovery.tasks.apply_retention", "schedule": crontab(minute=17)},
-    "nightly-audit": {"task": "recovery.audit_tasks.nightly_audit", "schedule": nightly_at()},
+    "retention": {"task": "recovery.models.tasks.apply_retention", "schedule": crontab(minute=17)},
+    "nightly-audit": {"task": "recovery.audit.tasks.nightly_audit", "schedule": nightly_at()},
     # Tell someone (recovery/alerts/): rules evaluated, then the outbox delivered; a tick not
     # started within its period is dropped, the next one covers it.
     "evaluate-alerts": {
-        "task": "recovery.alert_tasks.evaluate_alerts",
+        "task": "recovery.alerts.tasks.evaluate_alerts",
         "schedule": alerts_seconds("ALERTS_EVALUATE_SECONDS"),
         "options": {"expires": alerts_seconds("ALERTS_EVALUATE_SECONDS")},
     },
     "deliver-notifications": {
-        "task": "recovery.alert_tasks.deliver_notifications",
+        "task": "recovery.alerts.tasks.deliver_notifications",
         "schedule": alerts_seconds("ALERTS_DELIVER_SECONDS"),
         "options": {"expires": alerts_seconds("ALERTS_DELIVER_SECONDS")},
     },
     # Who is bound to what, and since when: the audit's expected consumer groups.
     "record-bindings": {
-        "task": "recovery.audit_tasks.record_bindings",
+        "task": "recovery.audit.tasks.record_bindings",
         "schedule": bindings_poll_seconds(),
         "options": {"expires": bindings_poll_seconds()},
     },
     # The broker's own count of what it dead-lettered or dropped, against the store.
     "record-broker-tally": {
-        "task": "recovery.broker_tasks.record_tally",
+        "task": "recovery.broker.tasks.record_tally",
         "schedule": broker_tally_seconds(),
         "options": {"expires": broker_tally_seconds()},
     },
     # Give-ups producers parked in the outbox while the broker was unreachable.
     "forward-client-outbox": {
-        "task": "recovery.outbox_tasks.forward_client_outbox",
+        "task": "recovery.collector.tasks.forward_client_outbox",
         "schedule": 30.0,
     },
     # Replay jobs whose runner died (kill -9, lost machine) go to another worker.
     "resume-stalled-replay-jobs": {
-        "task": "recovery.tasks.resume_stalled_jobs",
+        "task": "recovery.replay.tasks.resume_stalled_jobs",
         "schedule": stall_sweep_seconds(),
     },
     # Fold the overview's count deltas (recovery.models.MessageCount).
     "compact-message-counts": {
-        "task": "recovery.count_tasks.compact_message_counts",
+        "task": "recovery.models.tasks.compact_message_counts",
         "schedule": 60.0,
     },
     # Copy new messages' search documents into the trigram-indexed side table; each run stops
     # after 30 s, and a run not started within one period is dropped (the next one covers it).
     "index-new-messages": {
-        "task": "recovery.search_tasks.index_new_messages",
+        "task": "recovery.search.tasks.index_new_messages",
         "schedule": search_index_seconds(),
         "options": {"expires": search_index_seconds()},
     },
     "sweep-search-index": {
-        "task": "recovery.search_tasks.sweep_search_index",
+        "task": "recovery.search.tasks.sweep_search_index",
         "schedule": crontab(minute=47),
     },
 }

@@ -13,6 +13,7 @@ from urllib.parse import unquote, urlparse
 
 from django.core.exceptions import ImproperlyConfigured
 
+from recovery.alerts.outbound import parse_allow as parse_target_allow
 from recovery.rates import parse_rate
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -323,7 +324,7 @@ API_RATE_LIMIT = env_rate("API_RATE_LIMIT", "600/min")
 # How long an Idempotency-Key and the response stored for it are kept.
 IDEMPOTENCY_TTL_HOURS = env_int("IDEMPOTENCY_TTL_HOURS", 24, minimum=1)
 
-# --- Recovery topology (DESIGN.md "Broker topology"); every name is configurable. ---
+# --- Recovery topology (docs/design.md "Broker topology"); every name is configurable. ---
 RECOVERY_DLX = env_str("RECOVERY_DLX", "recovery.dlx")
 RECOVERY_DEAD_LETTER_QUEUE = env_str("RECOVERY_DEAD_LETTER_QUEUE", "recovery.dead_letters")
 RECOVERY_UNROUTED = env_str("RECOVERY_UNROUTED", "recovery.unrouted")
@@ -379,7 +380,7 @@ REPLAY_WINDOW = env_int("REPLAY_WINDOW", 1000, minimum=1)
 # Messages claimed from the database per round trip.
 REPLAY_CLAIM_BATCH = env_int("REPLAY_CLAIM_BATCH", 500, minimum=1)
 # A job whose runner has not renewed its lease for this long is taken over by another worker
-# (after a crash or kill -9); `recovery.tasks.resume_stalled_jobs` looks every SWEEP seconds.
+# (after a crash or kill -9); `recovery.replay.tasks.resume_stalled_jobs` looks every SWEEP seconds.
 REPLAY_LEASE_SECONDS = env_float("REPLAY_LEASE_SECONDS", 30.0)
 REPLAY_STALL_SWEEP_SECONDS = env_float("REPLAY_STALL_SWEEP_SECONDS", 15.0)
 
@@ -434,7 +435,23 @@ AUDIT_NIGHTLY_AT = env_str("AUDIT_NIGHTLY_AT", "02:30")
 ALERTS_EVALUATE_SECONDS = env_int("ALERTS_EVALUATE_SECONDS", 30, minimum=5)
 ALERTS_DELIVER_SECONDS = env_int("ALERTS_DELIVER_SECONDS", 10, minimum=1)
 ALERTS_MAX_ATTEMPTS = env_int("ALERTS_MAX_ATTEMPTS", 12, minimum=1)
-ALERTS_HTTP_TIMEOUT_SECONDS = env_int("ALERTS_HTTP_TIMEOUT_SECONDS", 10, minimum=1)
+# One send (connect, request, status and headers) must end within this wall-clock deadline,
+# however slowly the receiver answers. ALERTS_HTTP_TIMEOUT_SECONDS is its former name.
+ALERTS_SEND_DEADLINE_SECONDS = env_int(
+    "ALERTS_SEND_DEADLINE_SECONDS",
+    env_int("ALERTS_HTTP_TIMEOUT_SECONDS", 10, minimum=1),
+    minimum=1,
+)
+# Webhook and Slack targets allowed (host names, host:port, addresses or CIDR networks; empty:
+# any). Checked when sending, against the addresses the target resolves to (docs/alerts.md).
+ALERTS_TARGET_ALLOW = env_list("ALERTS_TARGET_ALLOW", [])
+try:
+    parse_target_allow(ALERTS_TARGET_ALLOW)
+except ValueError as _error:
+    raise ImproperlyConfigured(f"ALERTS_TARGET_ALLOW: {_error}") from None
+# Delivery runs on a queue of its own with its own worker (Procfile `alerts`, scripts/run.sh),
+# so receivers that stall hold only delivery, never rule evaluation or the indexer.
+ALERTS_TASK_QUEUE = env_str("ALERTS_TASK_QUEUE", "lazarus.alerts")
 CONSOLE_BASE_URL = env_str("CONSOLE_BASE_URL", "http://127.0.0.1:8000")
 # /metrics: client addresses or networks that may scrape without a token (empty: token or login
 # only), and how many queues get series of their own (the rest are summed as __other__).
@@ -477,6 +494,15 @@ CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_TASK_DEFAULT_QUEUE", "lazarus.tasks"
 # long job never holds the slot the search indexer, the counts or the outbox need. Empty: the
 # default queue (one pool for everything, as before).
 REPLAY_TASK_QUEUE = env_str("REPLAY_TASK_QUEUE", "lazarus.replay")
+# The outbox's delivery, under its name and the one it had before #27 (a beat not yet restarted
+# sends that one), goes to ALERTS_TASK_QUEUE.
+CELERY_TASK_ROUTES = {
+    name: {"queue": ALERTS_TASK_QUEUE}
+    for name in (
+        "recovery.alerts.tasks.deliver_notifications",
+        "recovery.alert_tasks.deliver_notifications",
+    )
+}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
 # Error pages (DEBUG or not) and error mails mask passwords inside URL settings as well.

@@ -6,6 +6,8 @@ class RecoveryConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from recovery.broker import codec as amqp_floats
+        # pika's header codec, corrected (floats, non-UTF-8 long strings, out-of-range
+        # timestamps, tables nested too deep) for every process that loads Django.
+        from recovery.broker import codec
 
-        amqp_floats.install()
+        codec.install()

@@ -1,8 +1,9 @@
 """The audit's input contracts: log schemas, the store export, the bindings snapshot, and readers.
 
-Producer and consumer logs are the files the client library writes (DESIGN.md "Producer and
-consumer logs"): JSON Lines or Parquet under ``BASE/dt=YYYY-MM-DD/hour=HH/``, one file per
-process per hour, each record carrying a schema version ``v`` (1; a missing ``v`` is read as 1).
+Producer and consumer logs are the files the client library writes (docs/design.md "The log
+contract", recovery/client/LOGS.md): JSON Lines or Parquet under ``BASE/dt=YYYY-MM-DD/hour=HH/``,
+one file per process per hour, each record carrying a schema version ``v`` (1; a missing ``v`` is
+read as 1).
 
 The store export is a Parquet slice of the recovery store written by ``manage.py audit`` with
 exactly the columns of ``STORE_EXPORT_SCHEMA``.

@@ -3,8 +3,8 @@
 Every function here is a pure ``DataFrame -> DataFrame`` transform; ``spark/metrics.py`` rolls the
 facts up into windows, totals and evidence. Times are epoch milliseconds (UTC) until the output.
 
-Definitions (the audit's contract, DESIGN.md "Audit metrics")
-------------------------------------------------------------
+Definitions (the audit's contract, docs/design.md "Audit metrics")
+------------------------------------------------------------------
 message      a ``message_id`` seen in the producer logs. Its window is the UTC hour of its FIRST
              publish attempt (smallest ``ts``; ties by ``attempt``); its exchange and routing key
              are those of that attempt. Attempts logged before the audited day (the look-back

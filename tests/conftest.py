@@ -1,13 +1,11 @@
-"""Shared fixtures: a private RabbitMQ vhost per test session, real PostgreSQL, personas.
+"""Shared fixtures and hooks: a private RabbitMQ vhost per test session, real PostgreSQL, personas.
+Helper functions and classes tests import live in tests/helpers.py.
 
 Each session gets its own vhost (``lazarus-test-<pid>``) so test runs never see each other's
 messages; PostgreSQL isolation comes from pytest-django's test database (DATABASE_URL names it).
 """
 
 import os
-import signal
-import subprocess
-import time
 import urllib.parse
 
 import pika
@@ -15,6 +13,7 @@ import pytest
 from django.conf import settings
 
 from recovery.broker.management import Management
+from tests.helpers import make_user, point_celery_at, token_for
 
 
 def pytest_addoption(parser):
@@ -37,64 +36,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "disruptive" in item.keywords:
             item.add_marker(skip)
-
-
-def wait_for(predicate, timeout=15.0, interval=0.05, message="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {message}")
-
-
-def worker_env(**extra):
-    """The environment of a real worker process on this session's database and vhost."""
-    return {
-        **os.environ,
-        "DATABASE_URL": database_url(),
-        "RABBITMQ_URL": settings.RABBITMQ_URL,
-        "CELERY_BROKER_URL": settings.RABBITMQ_URL,
-        "COLLECTOR_FLUSH_SECONDS": "0.05",
-        **extra,
-    }
-
-
-def stop_process(process, timeout=30):
-    """SIGTERM (a graceful stop: a worker's shutdown code runs), then SIGKILL after ``timeout``
-    seconds; waits for the exit either way. Nothing to do for a process that already exited."""
-    if process is None or process.poll() is not None:
-        return
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
-def database_url():
-    """The URL of this session's test database (for processes a test starts)."""
-    from django.db import connection
-
-    db = connection.settings_dict
-    return f"postgresql://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
-
-
-def vhost_url(vhost):
-    """RABBITMQ_URL with another vhost."""
-    base = urllib.parse.urlparse(settings.RABBITMQ_URL)
-    return base._replace(path="/" + urllib.parse.quote(vhost, safe="")).geturl()
-
-
-def point_celery_at(url):
-    """Send this process's Celery tasks to ``url`` (dropping pools made for another URL)."""
-    from console.celery import app
-
-    app.conf.broker_url = url
-    app._pool = None  # not closed: kombu's shared producer pools may still hold it
-    app.amqp._producer_pool = None
 
 
 @pytest.fixture
@@ -169,17 +110,6 @@ def fast_password_hashing(settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
-def make_user(username, role):
-    from django.contrib.auth import get_user_model
-
-    from recovery.models import set_role
-
-    user = get_user_model().objects.create_user(username, password="pw-" + username)
-    if role:
-        set_role(user, role)
-    return user
-
-
 @pytest.fixture
 def viewer(db):
     return make_user("vera", "viewer")
@@ -193,12 +123,6 @@ def operator(db):
 @pytest.fixture
 def admin_user(db):
     return make_user("ada", "admin")
-
-
-def token_for(user):
-    from recovery.models import ApiToken
-
-    return ApiToken.issue(user)[1]
 
 
 @pytest.fixture

@@ -8,8 +8,7 @@ import pytest
 from django.conf import settings
 
 from recovery.models import Kind, Message, Reason, Status
-from tests.conftest import wait_for
-from tests.helpers import declare_app_queue, publish
+from tests.helpers import declare_app_queue, publish, wait_for
 
 ODD_HEADERS = {
     "str": "héllo",
@@ -209,24 +208,3 @@ def test_a_redelivered_dead_letter_does_not_create_a_second_row(wired, clean_que
     finally:
         stop_collectors(stop_event, threads)
     assert Message.objects.filter(message_id="re-1").count() == 1
-
-
-@pytest.mark.django_db(transaction=True)
-def test_wire_makes_matching_queues_dead_letter_by_policy(collector, amqp, wired):
-    from recovery.broker.management import Management
-    from recovery.broker.topology import wire
-
-    wire(wired, queues_regex=r"^policy\.")
-    amqp.queue_delete("policy.orders")
-    amqp.queue_declare("policy.orders", durable=True)  # no DLX argument: the policy adds it
-    management = Management()
-    wait_for(
-        lambda: management.queue(wired, "policy.orders").get("policy"),
-        message="the policy to apply",
-    )
-    publish(amqp, "policy.orders", b"by policy", message_id="pol-1")
-    reject_all(amqp, "policy.orders", 1)
-
-    [message] = stored(message_id="pol-1")
-    assert message.source_queue == "policy.orders"
-    assert wire(wired, queues_regex=r"^policy\.")["queue_policy"]  # idempotent

@@ -7,6 +7,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from recovery.broker.codec import json_headers_problem
+from recovery.replay import options as job_options
 from recovery.search.filters import MessageFilterForm
 
 MAX_BULK_IDS = 1000
@@ -21,7 +22,7 @@ def delay_choices():
 class TargetForm(forms.Form):
     """Where a replay goes: the default, a queue, or an exchange + routing key; now or later.
 
-    All blank means the message's default target (DESIGN.md "Replay semantics"). The engine
+    All blank means the message's default target (docs/design.md "Replay semantics"). The engine
     validates again (recovery.replay.targets.validate_target) and its errors are shown as well.
     """
 
@@ -42,8 +43,11 @@ class TargetForm(forms.Form):
 
     def clean(self):
         data = super().clean()
-        if data.get("queue") and (data.get("exchange") or data.get("routing_key")):
-            raise ValidationError("Choose a queue or an exchange and routing key, not both.")
+        target = self.target()
+        if job_options.names_queue_and_exchange(
+            target["queue"], target["exchange"], target["routing_key"]
+        ):
+            raise ValidationError(job_options.QUEUE_OR_EXCHANGE)
         return data
 
     def target(self):
@@ -126,15 +130,25 @@ class BulkActionForm(forms.Form):
         super().__init__(data, **kwargs)
 
     def clean_ids(self):
-        parts = [p.strip() for p in self.cleaned_data["ids"].split(",") if p.strip()]
-        if not parts:
+        ids = job_options.split_message_ids(self.cleaned_data["ids"], limit=MAX_BULK_IDS)
+        if not ids:
             raise ValidationError("Select at least one message.")
-        if not all(p.isdigit() for p in parts):
-            raise ValidationError("Message ids are numbers.")
-        ids = list(dict.fromkeys(int(p) for p in parts))
-        if len(ids) > MAX_BULK_IDS:
-            raise ValidationError(f"At most {MAX_BULK_IDS} messages at once; use a job by filter.")
         return ids
+
+
+def option_field(option):
+    """The form field of a numeric job option (recovery.replay.options): its limits, its label."""
+    field_class = forms.IntegerField if option.whole else forms.FloatField
+    if option.above_minimum:  # no HTML min: the minimum itself is refused
+        return field_class(
+            required=False,
+            max_value=option.maximum,
+            validators=option.validators()[:1],
+            label=option.label,
+        )
+    return field_class(
+        required=False, min_value=option.minimum, max_value=option.maximum, label=option.label
+    )
 
 
 class JobForm(MessageFilterForm):
@@ -147,20 +161,12 @@ class JobForm(MessageFilterForm):
     delay_seconds = forms.TypedChoiceField(
         required=False, coerce=int, empty_value=None, label="When"
     )
-    rate = forms.FloatField(required=False, min_value=0.1, label="Rate (msgs/s)")
+    rate = option_field(job_options.RATE)
     include_poisoned = forms.BooleanField(required=False, label="Include poisoned")
-    canary_size = forms.IntegerField(
-        required=False, min_value=0, max_value=2_147_483_647, label="Canary size"
-    )
-    canary_pause_seconds = forms.IntegerField(
-        required=False, min_value=0, max_value=3600, label="Canary pause (s)"
-    )
-    canary_max_failure_pct = forms.FloatField(
-        required=False, min_value=0, max_value=100, label="Canary max failure %"
-    )
-    breaker_threshold_pct = forms.FloatField(
-        required=False, min_value=0, max_value=100, label="Breaker at failure %"
-    )
+    canary_size = option_field(job_options.CANARY_SIZE)
+    canary_pause_seconds = option_field(job_options.CANARY_PAUSE_SECONDS)
+    canary_max_failure_pct = option_field(job_options.CANARY_MAX_FAILURE_PCT)
+    breaker_threshold_pct = option_field(job_options.BREAKER_THRESHOLD_PCT)
 
     FILTER_FIELDS = list(MessageFilterForm.base_fields)
 
@@ -179,17 +185,15 @@ class JobForm(MessageFilterForm):
     ]
 
     def clean_ids(self):
-        parts = [p.strip() for p in self.cleaned_data["ids"].split(",") if p.strip()]
-        if not all(p.isdigit() for p in parts):
-            raise ValidationError("Message ids are numbers.")
-        return list(dict.fromkeys(int(p) for p in parts))
+        return job_options.split_message_ids(self.cleaned_data["ids"])
 
     def clean(self):
         data = super().clean()
-        if data.get("target_queue") and (
-            data.get("target_exchange") or data.get("target_routing_key")
+        target = {name: data.get(name) or None for name in self.TARGET_FIELDS}
+        if job_options.names_queue_and_exchange(
+            target["target_queue"], target["target_exchange"], target["target_routing_key"]
         ):
-            raise ValidationError("Choose a queue or an exchange and routing key, not both.")
+            self.add_error("target_queue", job_options.QUEUE_OR_EXCHANGE)  # as the engine does
         if not data.get("ids") and not self.filter_dict():
             raise ValidationError(
                 "A job needs a filter, a failure group or selected messages; "

@@ -1,7 +1,8 @@
 """audits: nightly reconciliation runs, their windows and the evidence behind the numbers.
 
-Metric names are DESIGN.md's, exactly as the Spark job writes them (spark/metrics.py ``METRICS``;
-tests/api/test_audits.py checks the two lists agree). The API does not import pyspark.
+Metric names are those of docs/design.md "Audit metrics", exactly as the Spark job writes them
+(spark/metrics.py ``METRICS``; tests/api/test_audits.py checks the two lists agree). The API does
+not import pyspark.
 """
 
 from django.db.models import Count
@@ -68,7 +69,7 @@ def _metric_schema(name):
 
 METRICS_SCHEMA = {
     "type": "object",
-    "description": 'One number per audit metric (DESIGN.md "Audit metrics"); see '
+    "description": 'One number per audit metric (docs/design.md "Audit metrics"); see '
     "spark/transforms.py for each definition. Unknown keys may be added in later versions.",
     "properties": {name: _metric_schema(name) for name in METRICS},
     "additionalProperties": True,

@@ -5,7 +5,7 @@ validates the request, calls it and describes it.
 
 from django.conf import settings
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import generics, serializers, status
 from rest_framework.decorators import api_view, permission_classes
 from rest_framework.response import Response
@@ -27,9 +27,35 @@ from recovery.api.schema import IDEMPOTENCY_KEY
 from recovery.errors import StateError
 from recovery.models import ReplayJob, Role
 from recovery.replay import jobs
+from recovery.replay import options as job_options
 
 # Named for SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"].
 ReplayJobState = ReplayJob.State
+
+
+def option_field(option, **kwargs):
+    """The request field of a numeric job option (recovery.replay.options): its limits, its
+    schema, its help."""
+    field_class = StrictIntegerField if option.whole else StrictFloatField
+    if option.help_text:
+        kwargs["help_text"] = option.help_text
+    if option.above_minimum:
+        # Validators cannot tell drf-spectacular that the minimum is exclusive: say it.
+        schema = {
+            "type": "integer" if option.whole else "number",
+            **({} if option.whole else {"format": "double"}),
+            "minimum": option.minimum,
+            "exclusiveMinimum": True,
+            "maximum": option.maximum,
+        }
+        field_class = extend_schema_field(schema)(type(field_class.__name__, (field_class,), {}))
+        return field_class(
+            required=False,
+            max_value=option.maximum,
+            validators=option.validators()[:1],
+            **kwargs,
+        )
+    return field_class(required=False, min_value=option.minimum, max_value=option.maximum, **kwargs)
 
 
 class JobRequestSerializer(serializers.Serializer):
@@ -39,10 +65,12 @@ class JobRequestSerializer(serializers.Serializer):
         required=False, help_text="The message filters, as for GET /messages."
     )
     message_ids = serializers.ListField(
-        child=StrictIntegerField(min_value=1, max_value=2**63 - 1),
+        child=StrictIntegerField(
+            min_value=job_options.MIN_MESSAGE_ID, max_value=job_options.MAX_MESSAGE_ID
+        ),
         required=False,
         min_length=1,
-        max_length=jobs.MAX_MESSAGE_IDS,
+        max_length=job_options.MAX_MESSAGE_IDS,
     )
     group_key = StrictCharField(required=False, max_length=64, help_text="A failure group.")
     target_queue = StrictCharField(
@@ -55,31 +83,15 @@ class JobRequestSerializer(serializers.Serializer):
         required=False,
         help_text="Delayed retry through a TTL queue (one of the setting REPLAY_DELAYS).",
     )
-    rate = StrictFloatField(
-        required=False,
-        min_value=0.001,
-        max_value=1_000_000,
-        help_text="Messages per second; omit for as fast as confirms allow.",
-    )
+    rate = option_field(job_options.RATE)
     include_poisoned = StrictBooleanField(required=False, default=False)
-    canary_size = StrictIntegerField(
-        required=False, default=0, min_value=0, max_value=jobs.MAX_MESSAGE_IDS
-    )
-    canary_pause_seconds = StrictFloatField(required=False, default=0, min_value=0, max_value=86400)
-    canary_max_failure_pct = StrictFloatField(
-        required=False,
-        min_value=0.001,
-        max_value=100,
-        help_text="Go on after the canary only below this % dead again "
-        "(default REPLAY_CANARY_MAX_FAILURE_PCT).",
-    )
-    breaker_threshold_pct = StrictFloatField(
-        required=False,
-        min_value=0,
-        max_value=100,
-        help_text="Pause when this % of replayed messages die again "
-        "(default REPLAY_BREAKER_THRESHOLD_PCT; 0 = off).",
-    )
+    canary_size = option_field(job_options.CANARY_SIZE, default=0)
+    canary_pause_seconds = option_field(job_options.CANARY_PAUSE_SECONDS, default=0)
+    canary_max_failure_pct = option_field(job_options.CANARY_MAX_FAILURE_PCT)
+    breaker_threshold_pct = option_field(job_options.BREAKER_THRESHOLD_PCT)
+
+    def validate_message_ids(self, value):
+        return job_options.parse_message_ids(value)  # without repeats, as the engine keeps them
 
     def engine_arguments(self):
         """Keyword arguments of recovery.replay.jobs.create_job / dry_run."""

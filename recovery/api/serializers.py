@@ -7,6 +7,7 @@ from rest_framework import serializers
 from recovery.api.params import StrictCharField, StrictIntegerChoiceField
 from recovery.broker.codec import json_headers_problem
 from recovery.models import Message, ReplayAttempt
+from recovery.replay.options import QUEUE_OR_EXCHANGE, names_queue_and_exchange
 
 
 class MessageSerializer(serializers.ModelSerializer):
@@ -76,7 +77,7 @@ class MessageDetailSerializer(MessageSerializer):
 class TargetSerializer(serializers.Serializer):
     """Where to publish: a queue (through the default exchange) or an exchange + routing key.
 
-    Omit all three for the default target (DESIGN.md "Replay semantics").
+    Omit all three for the default target (docs/design.md "Replay semantics").
     """
 
     exchange = StrictCharField(required=False, allow_blank=True, max_length=255)
@@ -86,10 +87,10 @@ class TargetSerializer(serializers.Serializer):
     )
 
     def validate(self, attrs):
-        if "queue" in attrs and ("exchange" in attrs or "routing_key" in attrs):
-            raise serializers.ValidationError(
-                {"queue": "Give either queue, or exchange + routing_key, not both."}
-            )
+        if names_queue_and_exchange(
+            attrs.get("queue"), attrs.get("exchange"), attrs.get("routing_key")
+        ):
+            raise serializers.ValidationError({"queue": QUEUE_OR_EXCHANGE})
         if ("exchange" in attrs) != ("routing_key" in attrs):
             missing = "routing_key" if "exchange" in attrs else "exchange"
             raise serializers.ValidationError({missing: "Required together with the other."})

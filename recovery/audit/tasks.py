@@ -2,8 +2,11 @@ import datetime
 
 from celery import shared_task
 
+from recovery.old_task_names import formerly
 
-@shared_task(name="recovery.audit_tasks.nightly_audit")
+
+@shared_task(name="recovery.audit.tasks.nightly_audit")
+@formerly("recovery.audit_tasks.nightly_audit")
 def nightly_audit(date=None):
     """Audit yesterday (UTC) unless a date (YYYY-MM-DD) is given; returns the run id."""
     # Imported here: recovery.audit.run pulls in pyarrow and numpy (~80 MB), which every worker
@@ -18,7 +21,8 @@ def nightly_audit(date=None):
     return run_audit(day).pk
 
 
-@shared_task(name="recovery.audit_tasks.record_bindings")
+@shared_task(name="recovery.audit.tasks.record_bindings")
+@formerly("recovery.audit_tasks.record_bindings")
 def record_bindings():
     """Poll the bindings history (recovery/audit/bindings.py); returns what changed per vhost."""
     from recovery.audit.bindings import record_bindings as poll

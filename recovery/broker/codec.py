@@ -3,8 +3,11 @@
 pika 1.x decodes 'f'/'d' header values to *int* (it wraps them in ``long()``: 1.5 arrives as 1)
 and refuses to encode a float at all (UnsupportedAMQPFieldException). Java, .NET and Go clients
 send doubles, and Lazarus must store them and replay them exactly, so this module corrects both
-directions of pika's table codec. ``install()`` is idempotent; the Django app and the client
-library call it.
+directions of pika's table codec. ``install()`` is idempotent; the Django app calls it when it
+starts (``recovery.apps``), so every Lazarus process has it: the console, the workers, the
+management commands. The client library does not (it imports nothing else of Lazarus) and leaves
+a producer's pika as it is; the give-ups its outbox parks are sent on by a Lazarus worker
+(``recovery.collector.tasks``), where it is installed.
 
 It also keeps a long string ('S') that is not UTF-8 a long string: pika decodes it to ``bytes``
 and would re-encode it as a byte array ('x'); here it becomes ``headers.LongBytes`` and goes back

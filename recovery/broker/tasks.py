@@ -1,7 +1,10 @@
 from celery import shared_task
 
+from recovery.old_task_names import formerly
 
-@shared_task(name="recovery.broker_tasks.record_tally")
+
+@shared_task(name="recovery.broker.tasks.record_tally")
+@formerly("recovery.broker_tasks.record_tally")
 def record_tally():
     """One sample of the broker's dead-letter counters against the store (and old samples
     pruned); returns the interval's figures, or its error."""

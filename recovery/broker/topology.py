@@ -1,4 +1,4 @@
-"""The recovery topology (DESIGN.md "Broker topology") and the wiring of application queues.
+"""The recovery topology (docs/design.md "Broker topology") and the wiring of application queues.
 
 Everything here is idempotent: declaring what exists with the same arguments is a no-op, and
 policies are PUT by name.

@@ -12,6 +12,15 @@ Why it is shaped like this:
 * A nack or a confirm timeout is retried up to ``max_attempts``; a connection lost mid-flight is
   retried on the next connection without limit until ``give_up_after`` seconds have passed since
   ``publish`` — force-closed connections are routine, an unreachable broker is not.
+* A broker resource alarm (``connection.blocked``: disk or memory low) stops publishing, not
+  owning. While ``blocked`` the publisher sends nothing more into the connection: what waits
+  stays in the retry cache (and ``publish`` blocks once ``window`` messages are owned, which is
+  the back-pressure the alarm asks for); what was already sent keeps waiting for its confirm
+  with its timeout stopped (the broker holds confirms during an alarm, it does not lose them),
+  and nothing is given up for time (the broker is reachable and will take the messages). It
+  says so in the log, and resumes on ``connection.unblocked``. Publishing on into the blocked
+  connection would only move the messages from the cache into socket buffers, where a
+  connection closed during the alarm turns them into resends.
 
 Thread-safety: ``publish``, ``flush`` and ``close`` may be called from any number of threads. All
 broker I/O, the retry cache, the audit log writes and the outbox writes happen on the one I/O
@@ -27,12 +36,10 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
 
 import pika
-from pika.adapters.select_connection import IOLoop
-from pika.spec import Basic
 
+from recovery.client.connection_loop import ConnectionLoop
 from recovery.client.logs import ProducerLog
 from recovery.client.outbox import Outbox, SendingStore
 from recovery.client.retry_cache import Pending, RetryCache
@@ -48,17 +55,18 @@ CONFIRM_TIMEOUT_S = 5.0
 MAX_ATTEMPTS = 3
 # How often the I/O thread looks for timed-out attempts and flushes logs and outbox rows.
 TICK_S = 0.2
-# Reconnect backoff: fast first retry (force-closed connections come back at once), capped so an
-# unreachable broker is not hammered.
-RECONNECT_MIN_S = 0.05
-RECONNECT_MAX_S = 2.0
 # What close() waits beyond give_up_after for the last messages to be handed over.
 CLOSE_GRACE_S = 5.0
 RETURNS_QUEUE_ARGUMENTS = {"x-queue-type": "quorum"}
 
 
-class ReliablePublisher:
-    """Publish with confirms; every message ends acked or handed to Lazarus. See module doc."""
+class ReliablePublisher(ConnectionLoop):
+    """Publish with confirms; every message ends acked or handed to Lazarus. See module doc.
+
+    ``blocked`` is True while the broker blocks the connection (a resource alarm)."""
+
+    tick_s = TICK_S
+    _cache: RetryCache[Pending]
 
     def __init__(
         self,
@@ -82,10 +90,10 @@ class ReliablePublisher:
         self.give_up_after = give_up_after or confirm_timeout * max_attempts
         self.declare_returns_queue = declare_returns_queue
         # A cluster: one URL per node, taken in turn on each reconnect.
-        self._nodes = [pika.URLParameters(u) for u in ([url] if isinstance(url, str) else url)]
-        if not self._nodes:
+        nodes = [pika.URLParameters(u) for u in ([url] if isinstance(url, str) else url)]
+        if not nodes:
             raise ValueError("ReliablePublisher needs at least one broker URL")
-        self._node = 0
+        super().__init__(nodes, f"ReliablePublisher[{producer}]")
         self._log = ProducerLog(log_dir, producer)
         self._outbox = Outbox(outbox_dsn) if outbox_dsn else None
         self._store = SendingStore(store_dsn, producer) if store_dsn else None
@@ -93,25 +101,11 @@ class ReliablePublisher:
         self._cond = threading.Condition()
         self._owned = 0  # messages accepted by publish() and not yet finished
         self._closed = False
-        self._incoming: deque[Pending] = deque()  # publish() -> I/O thread
-        self._wakeup_scheduled = False
 
         # I/O thread only from here on.
-        self._cache = RetryCache()
-        self._ioloop = IOLoop()
-        self._connection: pika.SelectConnection | None = None
-        self.connections = 0  # connections opened (more than one: it reconnected or failed over)
-        self._channel: Any = None  # the open pika channel, on the I/O thread
-        self._ready = False
-        self._next_tag = 0
-        self._stopping = False
-        self._backoff = RECONNECT_MIN_S
         self._outbox_rows: list[Pending] = []  # given up, waiting for the outbox write
         self._store_marks: dict[str, list[str]] = {"sent": [], "given_up": []}
-        self._thread = threading.Thread(
-            target=self._run, name=f"ReliablePublisher[{producer}]", daemon=True
-        )
-        self._thread.start()
+        self._start()
         if self._store is not None:
             self._resend_unfinished()
 
@@ -140,12 +134,7 @@ class ReliablePublisher:
             while self._owned >= self.window:
                 self._cond.wait()
             self._owned += 1
-        self._incoming.append(entry)
-        # One wake-up per burst, not per message: the I/O thread clears the flag before it
-        # drains, so a message appended after the drain always schedules a new one.
-        if not self._wakeup_scheduled:
-            self._wakeup_scheduled = True
-            self._ioloop.add_callback_threadsafe(self._drain)
+        self._hand_to_loop(entry)
 
     def _resend_unfinished(self):
         """Compensation sweep: what a crashed run of this producer left ``sending``."""
@@ -174,7 +163,7 @@ class ReliablePublisher:
                 self.producer,
                 self._owned,
             )
-        self._ioloop.add_callback_threadsafe(self._shutdown)
+        self._call_soon(self._shutdown)
         self._thread.join()
         self._log.close()
         if self._outbox is not None:
@@ -182,72 +171,33 @@ class ReliablePublisher:
         if self._store is not None:
             self._store.close()
 
-    # ---- I/O thread: connection ------------------------------------------------------------
+    # ---- I/O thread: connection (the loop is ConnectionLoop's) ----------------------------------
 
-    def _run(self):
-        self._connect()
-        self._ioloop.call_later(TICK_S, self._tick)
-        self._ioloop.start()
-
-    def _connect(self):
-        if self._stopping:
-            return
-        self._connection = pika.SelectConnection(
-            self._nodes[self._node % len(self._nodes)],
-            on_open_callback=self._on_open,
-            on_open_error_callback=self._on_open_error,
-            on_close_callback=self._on_connection_closed,
-            custom_ioloop=self._ioloop,
-        )
-
-    def _reconnect_later(self):
-        if self._stopping:
-            self._ioloop.stop()
-            return
-        self._node += 1
-        self._ioloop.call_later(self._backoff, self._connect)
-        self._backoff = min(self._backoff * 2, RECONNECT_MAX_S)
-
-    def _on_open(self, connection):
-        self.connections += 1
-        connection.channel(on_open_callback=self._on_channel)
-
-    def _on_open_error(self, _connection, error):
+    def _cannot_connect(self, error):
         log.warning("%s: cannot connect: %s", self.producer, error)
-        self._reconnect_later()
 
-    def _on_connection_closed(self, _connection, reason):
+    def _connection_lost(self, reason):
         log.info("%s: connection closed: %s", self.producer, reason)
-        self._lost_channel()
-        self._reconnect_later()
 
-    def _on_channel(self, channel):
-        self._channel = channel
-        channel.add_on_close_callback(self._on_channel_closed)
-        channel.add_on_return_callback(self._on_return)
+    def _prepare_channel(self, channel, then):
         if self.declare_returns_queue:
             channel.queue_declare(
                 self.returns_queue,
                 durable=True,
                 arguments=RETURNS_QUEUE_ARGUMENTS,
-                callback=lambda _frame: self._start_confirms(channel),
+                callback=lambda _frame: then(),
             )
         else:
-            self._start_confirms(channel)
+            then()
 
-    def _start_confirms(self, channel):
-        channel.confirm_delivery(self._on_confirm, callback=lambda _frame: self._on_ready())
-
-    def _on_ready(self):
-        self._next_tag = 0
-        self._ready = True
-        self._backoff = RECONNECT_MIN_S
-        self._drain()
-
-    def _on_channel_closed(self, channel, reason):
-        if channel is not self._channel:
-            return
-        lost = self._lost_channel()
+    def _lost_channel(self, reason):
+        """Unconfirmed attempts on a dead channel go back to the front of the send queue."""
+        lost = self._drop_channel()
+        now = time.monotonic()
+        for entry in lost:
+            if not entry.forwarding:
+                self._log_attempt(entry, "error", now)
+        self._cache.to_send.extendleft(reversed(lost))
         code = getattr(reason, "reply_code", None)
         text = getattr(reason, "reply_text", "")
         if code == 404:
@@ -257,40 +207,35 @@ class ReliablePublisher:
                 if not entry.forwarding and f"'{entry.exchange}'" in text:
                     self._cache.to_send.remove(entry)
                     self._give_up(entry, "returned", "no_route", f"{code} {text}")
-        if self._connection is not None and self._connection.is_open and not self._stopping:
-            self._connection.channel(on_open_callback=self._on_channel)
-
-    def _lost_channel(self):
-        """Unconfirmed attempts on a dead channel go back to the front of the send queue."""
-        self._ready = False
-        self._channel = None
-        lost = self._cache.drop_unconfirmed()
-        now = time.monotonic()
-        for entry in lost:
-            if not entry.forwarding:
-                self._log_attempt(entry, "error", now)
-        self._cache.to_send.extendleft(reversed(lost))
         return lost
 
-    def _shutdown(self):
-        self._stopping = True
+    def _blocked_changed(self, reason):
+        # The decision (see the module doc): while blocked, hold everything in the retry cache
+        # and send nothing more; _drain resumes on unblock.
+        if self.blocked:
+            log.warning(
+                "%s: the broker blocked the connection (%s): holding %d messages in the retry "
+                "cache until it unblocks",
+                self.producer,
+                reason,
+                self._owned,
+            )
+        else:
+            log.info("%s: the broker unblocked the connection; publishing again", self.producer)
+
+    def _before_shutdown(self):
         try:
             self._write_bookkeeping()
         except Exception:
             log.exception("%s: final outbox/store write failed", self.producer)
-        if self._connection is not None and self._connection.is_open:
-            self._connection.close()  # the close callback stops the loop
-        else:
-            self._ioloop.stop()
 
     # ---- I/O thread: sending and confirms ----------------------------------------------------
 
     def _drain(self):
-        self._wakeup_scheduled = False
-        if not self._ready:
+        if not self._ready or self.blocked:
             return
         to_send, incoming = self._cache.to_send, self._incoming
-        while self._ready:
+        while self._ready and not self.blocked:
             if to_send:
                 entry = to_send.popleft()
             elif incoming:
@@ -317,8 +262,7 @@ class ReliablePublisher:
             self._cache.to_send.appendleft(entry)
             self._ready = False
             return
-        self._next_tag += 1
-        self._cache.sent(self._next_tag, entry)
+        self._sent(entry)
 
     def _forward_properties(self, entry):
         kind, reason, detail = entry.give_up
@@ -344,13 +288,14 @@ class ReliablePublisher:
         return props
 
     def _on_return(self, _channel, method, properties, _body):
-        entry = self._cache.find_unconfirmed(properties.message_id)
+        message_id = properties.message_id
+        entry = self._cache.find_unconfirmed(
+            lambda e: e.message_id == message_id and e.returned is None
+        )
         if entry is not None:
             entry.returned = f"{method.reply_code} {method.reply_text}"
 
-    def _on_confirm(self, frame):
-        acked = isinstance(frame.method, Basic.Ack)
-        entries = self._cache.confirmed(frame.method.delivery_tag, frame.method.multiple)
+    def _confirmed(self, entries, acked):
         now = time.monotonic()
         finished = []
         for entry in entries:
@@ -428,10 +373,12 @@ class ReliablePublisher:
                 self._drain()
         except Exception:
             log.exception("%s: periodic work failed; retrying next tick", self.producer)
-        self._ioloop.call_later(TICK_S, self._tick)
+        self._ioloop.call_later(self.tick_s, self._tick)
 
     def _check_timeouts(self):
         now = time.monotonic()
+        if self.blocked:
+            return  # confirms are held, not lost; nothing is given up while the broker is there
         for entry in self._cache.expired(now, self.confirm_timeout):
             if entry.forwarding:
                 self._forward_failed(entry)

@@ -5,10 +5,15 @@ changes make it bounded and cheap here: the cache only ever holds up to ``window
 publisher blocks ``publish`` beyond that), and unconfirmed messages are kept in delivery-tag order,
 which is also send order, so a multiple-ack pops from the front and the timeout scan stops at the
 first message still young enough. Only the publisher's I/O thread touches a RetryCache.
+
+The bulk replay publisher of Lazarus keeps its own entries in one too (through
+``connection_loop.ConnectionLoop``): anything with a ``sent_at`` can be cached.
 """
 
 import collections
 import dataclasses
+from collections.abc import Callable
+from typing import Generic, Protocol, TypeVar
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -33,12 +38,19 @@ class Pending:
         return self.give_up is not None
 
 
-class RetryCache:
+class Attempt(Protocol):
+    sent_at: float  # monotonic time of the current attempt
+
+
+E = TypeVar("E", bound=Attempt)
+
+
+class RetryCache(Generic[E]):
     """Unconfirmed messages by delivery tag, plus the ones waiting to be (re)sent."""
 
     def __init__(self):
-        self.unconfirmed: collections.OrderedDict[int, Pending] = collections.OrderedDict()
-        self.to_send: collections.deque[Pending] = (
+        self.unconfirmed: collections.OrderedDict[int, E] = collections.OrderedDict()
+        self.to_send: collections.deque[E] = (
             collections.deque()
         )  # resends and forwards, before new messages
 
@@ -78,10 +90,10 @@ class RetryCache:
         self.unconfirmed.clear()
         return entries
 
-    def find_unconfirmed(self, message_id):
-        """The unconfirmed entry for a basic.return; returns arrive just before their ack, so
-        the entry is almost always near the front."""
+    def find_unconfirmed(self, matches: Callable[[E], bool]) -> E | None:
+        """The first unconfirmed entry that ``matches`` (the one a basic.return is about);
+        returns arrive just before their ack, so the entry is almost always near the front."""
         for entry in self.unconfirmed.values():
-            if entry.message_id == message_id and entry.returned is None:
+            if matches(entry):
                 return entry
         return None

@@ -7,7 +7,7 @@ Which recovery queue a delivery came from says what happened to it:
 - ``unrouted`` (the alternate exchange): nothing was bound for it. The delivery still carries the
   exchange it was published to and its routing key.
 - ``returns``: the client library handed it over after a ``basic.return``, a nack or no confirm;
-  its ``x-recovery-*`` headers (DESIGN.md) say which and where it was going.
+  its ``x-recovery-*`` headers (docs/design.md "Broker topology") say which and where it was going.
 
 ``delivery_to_row`` is pure (it is called for every message, so it is written for speed: one JSON
 encoding of the headers serves both the fingerprint and the COPY). ``store_rows`` writes a batch

@@ -12,6 +12,7 @@ from recovery import db
 from recovery.broker.connection import node_urls
 from recovery.client import forward_outbox
 from recovery.db import database_conninfo
+from recovery.old_task_names import formerly
 
 
 def outbox_exists(conninfo):
@@ -19,7 +20,8 @@ def outbox_exists(conninfo):
         return conn.execute("SELECT to_regclass('recovery_outbox') IS NOT NULL").fetchone()[0]
 
 
-@shared_task(name="recovery.outbox_tasks.forward_client_outbox")
+@shared_task(name="recovery.collector.tasks.forward_client_outbox")
+@formerly("recovery.outbox_tasks.forward_client_outbox")
 def forward_client_outbox():
     """Forward unforwarded outbox rows; returns how many moved (0 while no producer uses one).
 

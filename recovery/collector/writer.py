@@ -15,14 +15,11 @@ import queue
 import threading
 import time
 
-import pika
-import pika.exceptions
 import psycopg
 import psycopg.errors
 
 from recovery import db
-from recovery.broker.connection import cluster_parameters
-from recovery.broker.topology import QUORUM
+from recovery.broker.confirms import ConfirmingChannel
 from recovery.client.headers import UndecodableHeaders
 from recovery.collector.insert import store_rows
 
@@ -106,16 +103,14 @@ class Quarantine:
     def __init__(self, vhost, queue_name):
         self.vhost = vhost
         self.queue = queue_name
-        self.connection = self.channel = None
+        # The queue is declared here too: with nowhere to put a message, it could never be acked.
+        # No blocked-connection timeout: during a broker alarm the batch waits, unacked, instead
+        # of failing and being redelivered over and over.
+        self.confirming = ConfirmingChannel(
+            vhost, declare_queue=queue_name, blocked_connection_timeout=None
+        )
 
     def publish(self, properties, body, reason, source_queue):
-        if self.channel is None or not self.channel.is_open:
-            self.close()
-            self.connection = pika.BlockingConnection(cluster_parameters(self.vhost, heartbeat=30))
-            self.channel = self.connection.channel()
-            # Declared here too: with nowhere to put a message, it could never be acked.
-            self.channel.queue_declare(self.queue, durable=True, arguments=QUORUM)
-            self.channel.confirm_delivery()
         headers = properties.headers
         if not isinstance(headers, UndecodableHeaders):  # that one must keep its raw entries
             headers = dict(headers or {})
@@ -124,14 +119,11 @@ class Quarantine:
         headers["x-quarantine-vhost"] = self.vhost
         properties.headers = headers
         # Raises (so the delivery is never acked) unless the broker confirmed it.
-        self.channel.basic_publish("", self.queue, body, properties, mandatory=True)
+        self.confirming.publish("", self.queue, body, properties)
         log.error("collector %s/%s: quarantined a message: %s", self.vhost, source_queue, reason)
 
     def close(self):
-        if self.connection is not None and self.connection.is_open:
-            with contextlib.suppress(pika.exceptions.AMQPError, OSError):
-                self.connection.close()
-        self.connection = self.channel = None
+        self.confirming.close()
 
 
 class WriterFailed(RuntimeError):

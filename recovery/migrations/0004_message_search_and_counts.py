@@ -3,10 +3,11 @@
 from django.contrib.postgres.operations import TrigramExtension
 from django.db import migrations, models
 
-# Must stay identical to recovery.filters.SEARCH_DOCUMENT_SQL, or searches stop using the index
-# (tests/console/test_search.py checks the plan). Bodies and headers are searched in their first
-# 8 KiB; body bytes are text via encode(..., 'escape') because it is IMMUTABLE and never fails on
-# bytes that are not UTF-8 (convert_from does both).
+# The expression of recovery.search.index.SEARCH_DOCUMENT_SQL, which searches had to repeat to
+# use this index. Migration 0010 drops the index: the documents moved to the side table
+# recovery_messagesearch, indexed there (tests/search/test_search.py checks the plan). Bodies and
+# headers are searched in their first 8 KiB; body bytes are text via encode(..., 'escape')
+# because it is IMMUTABLE and never fails on bytes that are not UTF-8 (convert_from does both).
 SEARCH_DOCUMENT = (
     "(message_id || ' ' || correlation_id || ' ' || left(headers::text, 8192) || ' ' || "
     "encode(substring(body from 1 for 8192), 'escape'))"
@@ -20,7 +21,8 @@ COUNT_COLUMNS = "hour, vhost, kind, source_queue, source_exchange, reason, statu
 
 # Statement-level triggers with transition tables: one aggregated INSERT per statement (a
 # collector batch of 500 rows adds a handful of delta rows), and no counter row is ever updated
-# in place, so concurrent writers never wait on each other here. See MessageCount.
+# in place, so concurrent writers never wait on each other here. See
+# recovery.models.counts.MessageCount (folded by recovery.models.tasks.compact_message_counts).
 COUNT_TRIGGERS = f"""
 CREATE FUNCTION recovery_message_count_insert() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN

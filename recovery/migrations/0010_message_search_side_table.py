@@ -5,7 +5,7 @@ import django.db.models.deletion
 from django.db import migrations, models
 
 # The search document moves off recovery_message (see recovery.models.MessageSearch): the table
-# starts empty and recovery.search_index fills it in batches (Celery beat, or `manage.py
+# starts empty and recovery.search.index fills it in batches (Celery beat, or `manage.py
 # index_search`); until then searches read the unindexed rows directly, as slowly as before 0004.
 CASCADE_FK = """
 ALTER TABLE recovery_messagesearch ADD CONSTRAINT msgsearch_message_fk

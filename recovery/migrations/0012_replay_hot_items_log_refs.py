@@ -4,7 +4,7 @@ import django.db.models.deletion
 from django.conf import settings
 from django.db import migrations, models
 
-# Bulk replay writes, made cheaper for PostgreSQL (see recovery.replay.store):
+# Bulk replay writes, made cheaper for PostgreSQL (see recovery.replay.job_store):
 # - no item index covers ``state`` any more, and item pages are filled only a quarter at insert
 #   (room for the claimed version and the outcome's, which are wider), so the two updates of
 #   each item are HOT: no index entry written (tests/replay/test_store_writes.py);

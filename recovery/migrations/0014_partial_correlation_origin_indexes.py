@@ -4,8 +4,8 @@ import django.db.models.deletion
 from django.db import migrations, models
 
 # Two indexes of recovery_message become partial: correlation ids are searched only when
-# non-empty (recovery.filters), and the origin is set only on a message that died again after a
-# replay. A row without them (most rows) costs two index entries fewer when the collector
+# non-empty (recovery.search.filters), and the origin is set only on a message that died again
+# after a replay. A row without them (most rows) costs two index entries fewer when the collector
 # inserts it and when a replay rewrites it (a status update writes every index of the row).
 
 

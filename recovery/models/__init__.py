@@ -7,6 +7,8 @@
 - audit: nightly audit runs, windows, evidence, input gaps; the bindings history
 - alerts: alert rules, their transitions, notification channels and the notification outbox
 - broker: the broker's own tally of dead-lettered and dropped messages against the store
+- retention: what leaves the store after RETENTION_DAYS, store-wide
+- tasks: the store's Celery beat tasks (retention, folding the counts)
 """
 
 from recovery.models.access import (

@@ -48,7 +48,7 @@ class AuditRun(models.Model):
     manifest = models.JSONField(default=dict, blank=True)
     config = models.JSONField(default=dict, blank=True)
     code_version = models.CharField(max_length=64, blank=True, default="")
-    # One number per metric (DESIGN.md "Audit metrics"), named exactly as there.
+    # One number per metric (docs/design.md "Audit metrics"), named exactly as there.
     totals = models.JSONField(default=dict, blank=True)
     # [{code, count}]: what the run could not decide (its warning metrics, and where its
     # expectations came from: no bindings, a snapshot instead of the history, a history gap).

@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 # The Celery task that runs a job (recovery.replay.tasks). Sent by name: the task module imports
 # the runner, which imports these models.
-RUN_JOB_TASK = "recovery.tasks.run_replay_job"
+RUN_JOB_TASK = "recovery.replay.tasks.run_replay_job"
 
 # The log tables (ReplayAttempt, Activity) keep their references without database foreign keys:
 # a bulk replay writes one row of each per message, and PostgreSQL checks every foreign key of
@@ -68,7 +68,7 @@ class ReplayJob(models.Model):
     """A bulk replay: a selection snapshot, a target, a rate, and its progress.
 
     The engine is ``recovery.replay.runner.JobRunner`` (run by the Celery task
-    ``recovery.tasks.run_replay_job``); jobs are made by ``recovery.replay.jobs.create_job``.
+    ``recovery.replay.tasks.run_replay_job``); jobs are made by ``recovery.replay.jobs.create_job``.
     One runner
     holds a job at a time (``runner`` + ``heartbeat_at`` form its lease); the messages it covers are
     ``ReplayJobItem`` rows, claimed in batches with ``FOR UPDATE SKIP LOCKED``.
@@ -107,7 +107,7 @@ class ReplayJob(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
 
-    # Target (DESIGN.md "Replay semantics"): none of these = each message's default target.
+    # Target (docs/design.md "Replay semantics"): none of these = each message's default target.
     target_queue = models.CharField(max_length=255, blank=True, null=True)
     delay_seconds = models.IntegerField(null=True, blank=True)
     via = models.CharField(max_length=8, default="console", db_default="console")

@@ -140,7 +140,7 @@ class Message(models.Model):
         return bytes(self.body)
 
     def default_target(self):
-        """(exchange, routing_key) of the default replay target, per DESIGN.md.
+        """(exchange, routing_key) of the default replay target (docs/design.md "Replay semantics").
 
         A dead letter goes back to the queue it died in through the default exchange, so a fanout
         is never re-fanned to queues that already consumed it. Unroutable and returned messages go

@@ -1,6 +1,7 @@
 """The replay engine: one message at a time (``one``), operator curation (``curation``), bulk jobs
-(``runner`` with its asynchronous ``publisher`` and database ``store``), and targets/delays
-(``targets``). Jobs are created through ``recovery.replay.jobs``.
+(``runner`` with its asynchronous ``publisher`` and its database side ``job_store``), and
+targets/delays (``targets``). Jobs are created through ``recovery.replay.jobs``; their Celery
+tasks are in ``tasks``. Retention is the store's (``recovery.models.retention``).
 
 The names below are the public surface the console and the API use.
 """
@@ -15,13 +16,12 @@ from recovery.replay.curation import (
 )
 from recovery.replay.one import (
     REPLAYABLE,
-    STRIPPED_HEADERS,
     ConfirmingPublisher,
     claim,
     record_outcome,
     replay_message,
-    wire_message,
 )
+from recovery.replay.wire import STRIPPED_HEADERS, wire_message
 
 __all__ = [
     "REPLAYABLE",

@@ -10,7 +10,7 @@ runner's loop goes on meanwhile.
 import json
 from concurrent.futures import ThreadPoolExecutor
 
-from recovery.replay.one import STRIPPED_HEADERS
+from recovery.replay.wire import STRIPPED_HEADERS
 
 # Headers a replay strips (x-death above all, the biggest a dead letter has) are dropped by
 # PostgreSQL: never sent to the runner, never decoded there.

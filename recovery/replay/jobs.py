@@ -3,7 +3,7 @@
 ``create_job`` fixes *what* a job replays (a filter, an id list or a failure group, and only
 messages collected before the job was made: a message that dies again during the job is not
 picked up by it), *where* (``recovery.replay.targets``), *how fast* and *how safely* (canary,
-circuit breaker). A Celery task (``recovery.tasks.run_replay_job``) runs it with
+circuit breaker). A Celery task (``recovery.replay.tasks.run_replay_job``) runs it with
 ``recovery.replay.runner.JobRunner``; ``resume_stalled_jobs`` (Celery beat) restarts the jobs whose
 runner died.
 
@@ -21,13 +21,8 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from recovery.models import Activity, ReplayJob, Role, has_role
-from recovery.replay.selection import (  # noqa: F401 - MAX_MESSAGE_IDS: a public limit
-    MAX_MESSAGE_IDS,
-    clean_filters,
-    clean_options,
-    clean_selection,
-    selection_queryset,
-)
+from recovery.replay.options import clean_job_options
+from recovery.replay.selection import clean_selection
 from recovery.replay.targets import validate_target
 
 log = logging.getLogger(__name__)
@@ -38,6 +33,35 @@ QUEUED_PATIENCE_LEASES = 10
 
 
 # ---- the interface the console and the API call -----------------------------------------------
+
+
+def clean_job(
+    *,
+    filters=None,
+    message_ids=None,
+    group_key=None,
+    target_exchange=None,
+    target_routing_key=None,
+    target_queue=None,
+    delay_seconds=None,
+    include_poisoned=False,
+    rate=None,
+    canary_size=0,
+    canary_pause_seconds=0,
+    canary_max_failure_pct=None,
+    breaker_threshold_pct=None,
+    via="console",
+):
+    """create_job's arguments checked once: (Target, Selection, options); ValidationError
+    naming the arguments otherwise. dry_run checks with it too, so a preview shows the errors
+    the job would get."""
+    target = validate_target(target_exchange, target_routing_key, target_queue, delay_seconds)
+    selection = clean_selection(filters, message_ids, group_key, include_poisoned)
+    options = clean_job_options(
+        rate, canary_size, canary_pause_seconds, canary_max_failure_pct, breaker_threshold_pct, via
+    )
+    _check_canary_outlasts_delay(options, target)
+    return target, selection, options
 
 
 def _check_canary_outlasts_delay(options, target):
@@ -71,24 +95,7 @@ def _log_creation(job, user, via):
     )
 
 
-def create_job(
-    user,
-    *,
-    filters=None,
-    message_ids=None,
-    group_key=None,
-    target_exchange=None,
-    target_routing_key=None,
-    target_queue=None,
-    delay_seconds=None,
-    rate=None,
-    include_poisoned=False,
-    canary_size=0,
-    canary_pause_seconds=0,
-    canary_max_failure_pct=None,
-    breaker_threshold_pct=None,
-    via="console",
-):
+def create_job(user, *, include_poisoned=False, **arguments):
     """Validate and create a bulk replay job; it starts (a Celery task) once the transaction
     commits. Returns the ReplayJob (state ``queued``).
 
@@ -102,7 +109,7 @@ def create_job(
     ``canary_max_failure_pct`` % (default setting REPLAY_CANARY_MAX_FAILURE_PCT) came back
     dead-lettered; else the job pauses. ``breaker_threshold_pct``: pause when this % of the
     replayed messages comes back dead-lettered (default REPLAY_BREAKER_THRESHOLD_PCT; 0 = off).
-    ``via``: console | api | system.
+    ``via``: console | api | system. The limits of each: ``recovery.replay.options``.
 
     Raises ValidationError with the offending argument names as fields (``__all__`` when no
     message is selected or none matches) and PermissionDenied if ``user`` is not an operator.
@@ -110,46 +117,35 @@ def create_job(
     """
     if user is not None and not has_role(user, Role.OPERATOR):
         raise PermissionDenied("replay jobs need the operator role")
-    target = validate_target(target_exchange, target_routing_key, target_queue, delay_seconds)
-    data, ids, group, statuses = clean_selection(filters, message_ids, group_key, include_poisoned)
-    options = clean_options(
-        rate, canary_size, canary_pause_seconds, canary_max_failure_pct, breaker_threshold_pct, via
-    )
-    _check_canary_outlasts_delay(options, target)
-    if not selection_queryset(data, ids, group, statuses).exists():
+    target, selection, options = clean_job(include_poisoned=include_poisoned, **arguments)
+    if not selection.queryset().exists():
         raise ValidationError(
-            {NON_FIELD_ERRORS: "no replayable message matches (" + ", ".join(statuses) + ")"}
+            {
+                NON_FIELD_ERRORS: "no replayable message matches ("
+                + ", ".join(selection.statuses)
+                + ")"
+            }
         )
     with transaction.atomic():
         job = ReplayJob.objects.create(
             created_by=user,
-            filters=clean_filters(filters).filter_dict() if filters else {},
-            message_ids=ids or [],
-            group_key=group,
+            filters=selection.stored_filters,
+            message_ids=selection.ids or [],
+            group_key=selection.group_key,
             target_exchange=target.exchange,
             target_routing_key=target.routing_key,
             target_queue=target.queue,
             delay_seconds=target.delay_seconds,
             include_poisoned=bool(include_poisoned),
-            allowed_statuses=statuses,
+            allowed_statuses=selection.statuses,
             **options,
         )
-        _log_creation(job, user, via)
+        _log_creation(job, user, options["via"])
         transaction.on_commit(job.enqueue)
     return job
 
 
-def dry_run(
-    filters=None,
-    message_ids=None,
-    group_key=None,
-    target_exchange=None,
-    target_routing_key=None,
-    target_queue=None,
-    include_poisoned=False,
-    delay_seconds=None,
-    **job_options,
-):
+def dry_run(**arguments):
     """How many messages a job would send where, sending nothing.
 
     Takes create_job's arguments (the job options are validated too, so a preview shows the
@@ -158,21 +154,10 @@ def dry_run(
     default exchange "" with the queue name as key for a queue), ``via`` the delay exchange
     they wait in first ("" when not delayed). Raises ValidationError as create_job.
     """
-    job_options.pop("user", None)
-    clean_options(
-        job_options.pop("rate", None),
-        job_options.pop("canary_size", 0),
-        job_options.pop("canary_pause_seconds", 0),
-        job_options.pop("canary_max_failure_pct", None),
-        job_options.pop("breaker_threshold_pct", None),
-        job_options.pop("via", "console"),
-    )
-    if job_options:
-        raise TypeError(f"dry_run() got unexpected arguments: {', '.join(job_options)}")
-    target = validate_target(target_exchange, target_routing_key, target_queue, delay_seconds)
-    data, ids, group, statuses = clean_selection(filters, message_ids, group_key, include_poisoned)
+    arguments.pop("user", None)
+    target, selection, _options = clean_job(**arguments)
     groups = (
-        selection_queryset(data, ids, group, statuses)
+        selection.queryset()
         .values("vhost", "kind", "source_queue", "source_exchange", "routing_keys")
         .annotate(n=Count("id"))
     )

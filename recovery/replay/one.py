@@ -2,22 +2,18 @@
 
 A message becomes ``replayed`` only once the broker acked the publish (publisher confirms). It is
 published ``mandatory``: a ``basic.return`` (nothing bound) or a nack leaves it where it was
-(pending) with the reason. Bulk jobs use the same wire format (``wire_message``) but their own
-asynchronous publisher (recovery.replay.publisher).
+(pending) with the reason. Bulk jobs use the same wire format (``recovery.replay.wire``) but
+their own asynchronous publisher (recovery.replay.publisher).
 """
 
-import contextlib
-import datetime
 import logging
 
-import pika
 import pika.exceptions
 from django.db import transaction
 from django.utils import timezone
 
 from recovery.broker.codec import unpublishable
-from recovery.broker.connection import connect
-from recovery.client import headers as header_codec
+from recovery.broker.confirms import ConfirmingChannel
 from recovery.errors import BrokerUnavailable, StateError
 from recovery.models import (
     REPLAYABLE,
@@ -29,98 +25,30 @@ from recovery.models import (
     Status,
 )
 from recovery.replay.targets import ensure_delay_routes, validate_target
+from recovery.replay.wire import wire_message
 
 log = logging.getLogger(__name__)
 
-# Headers describing a previous life of the message; the broker writes fresh ones if it dies again,
-# and the store keeps the originals.
-STRIPPED_HEADERS = (
-    "x-death",
-    "x-first-death-queue",
-    "x-first-death-reason",
-    "x-first-death-exchange",
-    "x-last-death-queue",
-    "x-last-death-reason",
-    "x-last-death-exchange",
-    "x-delivery-count",
-    "x-recovery-kind",
-    "x-recovery-reason",
-    "x-recovery-exchange",
-    "x-recovery-routing-key",
-    "x-recovery-attempts",
-    "x-recovery-first-attempt-at",
-    "x-recovery-producer",
-)
-
-_STRIPPED = frozenset(STRIPPED_HEADERS)
-_PLAIN = frozenset((str, int, bool, type(None)))  # JSON values that are their AMQP value
-
-
-def wire_message(message, replayed_by="", headers_override=None, body_override=None):
-    """(properties, body) to publish for a stored message.
-
-    ``expiration`` is dropped: a per-message TTL that killed it once would kill it again.
-    """
-    return wire_from_columns(
-        message.pk,
-        message.properties,
-        message.headers if headers_override is None else headers_override,
-        message.body_bytes if body_override is None else body_override,
-        message.replay_count,
-        replayed_by,
-    )
-
-
-def wire_from_columns(pk, properties_json, headers_json, body, replay_count, replayed_by, now=None):
-    """wire_message for raw column values (bulk replay reads rows, not models).
-
-    Called for every message of a bulk job, so it skips decoding what it drops (x-death is
-    the biggest header a dead letter has) and passes plain JSON values through as they are.
-    """
-    from_json = header_codec.from_json
-    props = {
-        name: value if type(value) is not dict else from_json(value)
-        for name, value in properties_json.items()
-        if name != "expiration"
-    }
-    key_from_json = header_codec.key_from_json
-    headers = {
-        key_from_json(name): value if type(value) in _PLAIN else from_json(value)
-        for name, value in headers_json.items()
-        if name not in _STRIPPED
-    }
-    headers["x-recovery-replay-count"] = replay_count + 1
-    headers["x-recovery-replayed-at"] = now or datetime.datetime.now(datetime.UTC).replace(
-        tzinfo=None
-    )
-    headers["x-recovery-replayed-by"] = replayed_by or "lazarus"
-    headers["x-recovery-origin"] = pk
-    return pika.BasicProperties(headers=headers, **props), bytes(body)
-
 
 class ConfirmingPublisher:
-    """A confirming, mandatory publisher on one vhost (one message at a time). Context manager."""
+    """The one-click publisher on one vhost: a ``ConfirmingChannel`` whose errors become replay
+    outcomes. Context manager."""
 
     def __init__(self, vhost):
         self.vhost = vhost
-        self.connection = None
-        self.channel = None
+        self.confirming = ConfirmingChannel(vhost)
 
     def __enter__(self):
-        self.connection = connect(self.vhost)
-        self.channel = self.connection.channel()
-        self.channel.confirm_delivery()
+        self.confirming.open()
         return self
 
     def __exit__(self, *exc):
-        if self.connection is not None and self.connection.is_open:
-            with contextlib.suppress(pika.exceptions.AMQPError):
-                self.connection.close()
+        self.confirming.close()
 
     def publish(self, exchange, routing_key, properties, body):
         """Returns (outcome, detail) with outcome one of ReplayAttempt.Outcome."""
         try:
-            self.channel.basic_publish(exchange, routing_key, body, properties, mandatory=True)
+            self.confirming.publish(exchange, routing_key, body, properties)
         except pika.exceptions.UnroutableError as exc:
             returned = exc.messages[0].method if exc.messages else None
             detail = (

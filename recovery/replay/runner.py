@@ -39,13 +39,13 @@ from recovery.broker.codec import unpublishable
 from recovery.models import Activity, ReplayJob
 from recovery.replay.claims import Claims
 from recovery.replay.job_store import JobStore
-from recovery.replay.one import wire_from_columns
 from recovery.replay.pacer import Pacer
 from recovery.replay.publisher import AsyncPublisher, Entry
 from recovery.replay.recorder import RECORDERS, Recorder, Recorders
 from recovery.replay.safety import breaker_reason, canary_reason
 from recovery.replay.selection import selection_sql
 from recovery.replay.targets import Target, ensure_delay_routes
+from recovery.replay.wire import wire_from_columns
 
 log = logging.getLogger(__name__)
 

@@ -1,19 +1,15 @@
-"""Validation of a replay job's arguments: which messages (a filter, ids, a failure group, and
-which statuses), and its options (rate, canary, breaker, via). Used by create_job and dry_run;
-every error is a ValidationError naming the argument.
+"""Which messages a replay job covers: a filter, ids, a failure group, and which statuses. Used
+by create_job and dry_run; every error is a ValidationError naming the argument. The job's
+options and their limits are ``recovery.replay.options``.
 """
 
-import math
+from dataclasses import dataclass
 
-from django.conf import settings
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 
 from recovery.models import Message, Status
+from recovery.replay.options import parse_message_ids
 from recovery.search.filters import MessageFilterForm, apply_filters
-
-VIAS = ("console", "api", "system")
-MAX_MESSAGE_IDS = 100_000
-
 
 # ---- which messages ---------------------------------------------------------------------
 
@@ -46,21 +42,10 @@ def clean_filters(filters):
 def _clean_ids(message_ids):
     if message_ids is None:
         return None
-    if isinstance(message_ids, str | bytes) or not hasattr(message_ids, "__iter__"):
-        raise ValidationError({"message_ids": "a list of message ids"})
-    ids = []
-    for value in message_ids:
-        if isinstance(value, bool) or not str(value).strip().isdigit() or int(value) < 1:
-            raise ValidationError({"message_ids": f"{value!r} is not a message id"})
-        ids.append(int(value))
-    ids = list(dict.fromkeys(ids))
-    if not ids:
-        raise ValidationError({"message_ids": "no message ids given"})
-    if len(ids) > MAX_MESSAGE_IDS:
-        raise ValidationError(
-            {"message_ids": f"at most {MAX_MESSAGE_IDS} ids; use a filter for more"}
-        )
-    return ids
+    try:
+        return parse_message_ids(message_ids)
+    except ValidationError as exc:
+        raise ValidationError({"message_ids": exc.messages}) from None
 
 
 def allowed_statuses(filter_status, message_ids, include_poisoned):
@@ -84,12 +69,14 @@ def allowed_statuses(filter_status, message_ids, include_poisoned):
 
 
 def clean_selection(filters, message_ids, group_key, include_poisoned):
-    """(cleaned filter data, ids, group key, allowed statuses) or ValidationError."""
+    """A Selection (its filters cleaned once: the job stores ``stored_filters``) or
+    ValidationError."""
     form = clean_filters(filters)
     ids = _clean_ids(message_ids)
     if group_key is not None and (not isinstance(group_key, str) or len(group_key) > 64):
         raise ValidationError({"group_key": "a failure-group key (at most 64 characters)"})
-    if not ((form and form.filter_dict()) or ids or group_key):
+    stored_filters = form.filter_dict() if form else {}
+    if not (stored_filters or ids or group_key):
         raise ValidationError(
             {
                 NON_FIELD_ERRORS: "choose the messages: a filter, message ids or a failure group "
@@ -98,7 +85,19 @@ def clean_selection(filters, message_ids, group_key, include_poisoned):
         )
     data = form.cleaned_data if form else {}
     statuses = allowed_statuses(data.get("status") or None, ids, include_poisoned)
-    return data, ids, group_key or "", statuses
+    return Selection(data, stored_filters, ids, group_key or "", statuses)
+
+
+@dataclass(frozen=True)
+class Selection:
+    data: dict  # the cleaned filters (MessageFilterForm.cleaned_data)
+    stored_filters: dict  # the same as JSON (ReplayJob.filters)
+    ids: list | None
+    group_key: str
+    statuses: list
+
+    def queryset(self):
+        return selection_queryset(self.data, self.ids, self.group_key, self.statuses)
 
 
 def selection_queryset(data, ids, group_key, statuses, until=None):
@@ -111,67 +110,6 @@ def selection_queryset(data, ids, group_key, statuses, until=None):
     if until is not None:
         queryset = queryset.filter(collected_at__lte=until)
     return queryset.order_by()
-
-
-# ---- options ----------------------------------------------------------------------------
-
-
-def _number(errors, field, value, minimum=None, maximum=None, integer=False, above=None):
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        errors[field] = "a number"
-        return None
-    if integer and int(value) != value:
-        errors[field] = "a whole number"
-        return None
-    if not math.isfinite(value):
-        errors[field] = "a finite number"
-    elif minimum is not None and value < minimum:
-        errors[field] = f"at least {minimum:g}"
-    elif above is not None and value <= above:
-        errors[field] = f"above {above:g}"
-    elif maximum is not None and value > maximum:
-        errors[field] = f"at most {maximum:g}"
-    return int(value) if integer else float(value)
-
-
-def clean_options(
-    rate,
-    canary_size,
-    canary_pause_seconds,
-    canary_max_failure_pct,
-    breaker_threshold_pct,
-    via,
-):
-    errors = {}
-    rate = _number(errors, "rate", rate, above=0, maximum=1_000_000)
-    canary_size = _number(errors, "canary_size", canary_size or 0, minimum=0, integer=True)
-    pause = _number(
-        errors, "canary_pause_seconds", canary_pause_seconds or 0, minimum=0, maximum=86400
-    )
-    canary_pct = _number(
-        errors, "canary_max_failure_pct", canary_max_failure_pct, above=0, maximum=100
-    )
-    breaker = _number(
-        errors, "breaker_threshold_pct", breaker_threshold_pct, minimum=0, maximum=100
-    )
-    if via not in VIAS:
-        errors["via"] = f"one of {', '.join(VIAS)}"
-    if errors:
-        raise ValidationError(errors)
-    if canary_size and canary_pct is None:
-        canary_pct = settings.REPLAY_CANARY_MAX_FAILURE_PCT
-    if breaker is None:
-        breaker = settings.REPLAY_BREAKER_THRESHOLD_PCT
-    return {
-        "rate": rate,
-        "canary_size": canary_size or 0,
-        "canary_pause_seconds": (pause or 0.0) if canary_size else 0.0,
-        "canary_max_failure_pct": canary_pct if canary_size else None,
-        "breaker_threshold_pct": breaker or None,
-        "via": via,
-    }
 
 
 def job_queryset(job):

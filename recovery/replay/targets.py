@@ -1,4 +1,4 @@
-"""Where a replayed message goes (DESIGN.md "Replay semantics") and the delayed-retry topology.
+"""Where a replayed message goes (docs/design.md "Replay semantics") and the delayed-retry topology.
 
 A target is one of: each message's default (a dead letter goes back to the queue it died in
 through the default exchange, never re-fanned; unroutable and returned messages to their
@@ -22,6 +22,7 @@ from django.core.exceptions import ValidationError
 
 from recovery.broker.connection import cluster_parameters, connect
 from recovery.models import default_target_of
+from recovery.replay.options import QUEUE_OR_EXCHANGE, names_queue_and_exchange
 
 
 @dataclass(frozen=True)
@@ -116,8 +117,8 @@ def validate_target(exchange=None, routing_key=None, queue=None, delay_seconds=N
             errors["target_queue"] = "a queue name cannot be empty"
         elif len(str(queue).encode()) > AMQP_NAME_LIMIT:
             errors["target_queue"] = f"at most {AMQP_NAME_LIMIT} bytes"
-        elif exchange or routing_key:
-            errors["target_queue"] = "choose a queue or an exchange and routing key, not both"
+        elif names_queue_and_exchange(queue, exchange, routing_key):
+            errors["target_queue"] = QUEUE_OR_EXCHANGE
     if delay_seconds is not None:
         allowed = settings.REPLAY_DELAYS
         if isinstance(delay_seconds, bool) or not isinstance(delay_seconds, int):

@@ -12,13 +12,15 @@ import logging
 from celery import shared_task
 from celery.signals import worker_shutting_down
 
-from recovery.replay import jobs, retention
+from recovery.old_task_names import formerly
+from recovery.replay import jobs
 from recovery.replay.runner import SHUTDOWN, JobRunner
 
 log = logging.getLogger(__name__)
 
 
-@shared_task(name="recovery.tasks.run_replay_job", acks_late=False, ignore_result=True)
+@shared_task(name="recovery.replay.tasks.run_replay_job", acks_late=False, ignore_result=True)
+@formerly("recovery.tasks.run_replay_job", acks_late=False, ignore_result=True)
 def run_replay_job(job_id, token=None, paced=False):
     """Run one replay job until it is done, paused, cancelled or handed back (shutdown, or a
     slow rate's wait: ``paced`` says this run's first message is due).
@@ -31,14 +33,10 @@ def run_replay_job(job_id, token=None, paced=False):
     return outcome
 
 
-@shared_task(name="recovery.tasks.resume_stalled_jobs", ignore_result=True)
+@shared_task(name="recovery.replay.tasks.resume_stalled_jobs", ignore_result=True)
+@formerly("recovery.tasks.resume_stalled_jobs", ignore_result=True)
 def resume_stalled_jobs():
     return jobs.resume_stalled_jobs()
-
-
-@shared_task(name="recovery.tasks.apply_retention", ignore_result=True)
-def apply_retention():
-    return retention.apply_retention()
 
 
 @worker_shutting_down.connect

@@ -6,12 +6,14 @@ from celery import shared_task
 from django.conf import settings
 
 from recovery.broker.topology import Names, queue_depths
+from recovery.old_task_names import formerly
 from recovery.search import index as search_index
 
 log = logging.getLogger(__name__)
 
 
-@shared_task(name="recovery.search_tasks.index_new_messages", ignore_result=True)
+@shared_task(name="recovery.search.tasks.index_new_messages", ignore_result=True)
+@formerly("recovery.search_tasks.index_new_messages", ignore_result=True)
 def index_new_messages():
     """Index what was stored since the last run, unless a flood is being collected (then the
     collector gets the cores, for a bounded time: ``search_index.deferred``)."""
@@ -42,6 +44,7 @@ def collector_backlog():
     return total
 
 
-@shared_task(name="recovery.search_tasks.sweep_search_index", ignore_result=True)
+@shared_task(name="recovery.search.tasks.sweep_search_index", ignore_result=True)
+@formerly("recovery.search_tasks.sweep_search_index", ignore_result=True)
 def sweep_search_index():
     return search_index.sweep()

@@ -30,9 +30,8 @@ from recovery.models import (
     Status,
 )
 from tests.alerts.test_alerts import Receiver, webhook
-from tests.alerts.test_broker import reject_all
-from tests.conftest import wait_for
-from tests.helpers import make_message
+from tests.broker.test_tally_and_health import reject_all
+from tests.helpers import make_message, wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -203,7 +202,11 @@ def private_vhost():
     base = urllib.parse.urlparse(settings.RABBITMQ_URL)
     url = base._replace(path="/" + urllib.parse.quote(name, safe="")).geturl()
     connection = pika.BlockingConnection(pika.URLParameters(url))
+    # Watched, as a vhost a rule may scope to must be (checks read no other's queues).
+    watched = settings.RECOVERY_VHOSTS
+    settings.RECOVERY_VHOSTS = [*watched, name]
     yield name, connection.channel()
+    settings.RECOVERY_VHOSTS = watched
     connection.close()
     management.delete_vhost(name)
 

@@ -1,6 +1,7 @@
 """API test helpers: a token client that can send any header, and store rows built in code."""
 
 import datetime
+import json
 
 import pytest
 from django.conf import settings
@@ -8,7 +9,7 @@ from django.utils import timezone
 
 from recovery.models import ApiToken, AuditEvidence, AuditRun, AuditWindow
 from tests import helpers
-from tests.conftest import make_user
+from tests.helpers import make_user
 
 
 class ApiClient:
@@ -38,6 +39,10 @@ class ApiClient:
     def request(self, method, path, data=None, headers=None):
         if method == "GET":
             return self.get(path, data, headers)
+        if method in ("PATCH", "DELETE"):
+            send = getattr(self.client, method.lower())
+            body = json.dumps(data) if data is not None else ""
+            return send(path, body, content_type="application/json", **self.headers(headers))
         return self.post(path, data, headers)
 
 

@@ -6,8 +6,7 @@ from django.utils import timezone
 
 from recovery.models import IdempotencyKey, Message, ReplayAttempt
 from tests.api.conftest import make_message
-from tests.conftest import make_user
-from tests.helpers import drain
+from tests.helpers import drain, make_user
 
 
 def test_replaying_twice_with_one_key_sends_one_message(operator_api, amqp, app_queue):

@@ -2,8 +2,8 @@
 POST changes nothing.
 
 Roles are the console's: viewer reads, operator also acts on messages and jobs, admin also
-manages tokens. ``ENDPOINTS`` must list every operation of the schema (checked below), so a new
-endpoint cannot ship without its row.
+manages tokens, alert rules and channels. ``ENDPOINTS`` must list every operation of the
+schema (checked below), so a new endpoint cannot ship without its row.
 """
 
 import re
@@ -11,9 +11,17 @@ import re
 import pytest
 import yaml
 
-from recovery.models import AlertRule, ApiToken, Message, ReplayAttempt, ReplayJob, Role
+from recovery.models import (
+    AlertRule,
+    ApiToken,
+    Message,
+    NotificationChannel,
+    ReplayAttempt,
+    ReplayJob,
+    Role,
+)
 from tests.api.conftest import make_audit, make_message
-from tests.conftest import make_user
+from tests.helpers import make_user
 
 VIEWER, OPERATOR, ADMIN = Role.VIEWER, Role.OPERATOR, Role.ADMIN
 ORDER = [None, VIEWER, OPERATOR, ADMIN]
@@ -44,7 +52,22 @@ ENDPOINTS = [
     ("GET", "/api/v1/alert-rules", VIEWER, 200, None),
     ("POST", "/api/v1/alert-rules", ADMIN, 201, {"name": "matrix", "kind": "audit"}),
     ("GET", "/api/v1/alert-rules/{rule}", VIEWER, 200, None),
+    ("PATCH", "/api/v1/alert-rules/{rule}", ADMIN, 200, {"name": "matrix 2"}),
+    ("DELETE", "/api/v1/alert-rules/{rule}", ADMIN, 204, None),
+    ("POST", "/api/v1/alert-rules/{rule}/mute", ADMIN, 200, {"minutes": 5}),
+    ("POST", "/api/v1/alert-rules/{rule}/unmute", ADMIN, 200, None),
     ("GET", "/api/v1/alert-channels", VIEWER, 200, None),
+    (
+        "POST",
+        "/api/v1/alert-channels",
+        ADMIN,
+        201,
+        {"name": "matrix", "kind": "webhook", "target": "http://h/"},
+    ),
+    ("GET", "/api/v1/alert-channels/{channel}", VIEWER, 200, None),
+    ("PATCH", "/api/v1/alert-channels/{channel}", ADMIN, 200, {"enabled": False}),
+    ("DELETE", "/api/v1/alert-channels/{channel}", ADMIN, 204, None),
+    ("POST", "/api/v1/alert-channels/{channel}/rotate-secret", ADMIN, 200, None),
     ("GET", "/api/v1/uncovered-queues", VIEWER, 200, None),
     ("GET", "/api/v1/broker", VIEWER, 200, None),
 ]
@@ -76,6 +99,9 @@ def objects(wired):
             created_by=owner, filters={"queue": "matrix.q"}, state=ReplayJob.State.PAUSED
         ),
         "rule": AlertRule.objects.create(name="matrix rule", kind="audit"),
+        "channel": NotificationChannel.objects.create(
+            name="matrix channel", kind="webhook", target="http://h/"
+        ),
     }
 
 
@@ -91,7 +117,8 @@ def state(objects):
         ReplayAttempt.objects.count(),
         token.revoked_at,
         sorted(ReplayJob.objects.values_list("id", "state")),
-        sorted(AlertRule.objects.values_list("id", flat=True)),
+        sorted(AlertRule.objects.values_list("id", "name", "muted_until")),
+        sorted(NotificationChannel.objects.values_list("id", "enabled", "secret")),
     )
 
 

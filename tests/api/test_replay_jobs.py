@@ -6,7 +6,7 @@ import pytest
 from recovery.models import ReplayJob
 from tests.api.conftest import make_message
 from tests.api.test_messages import drain
-from tests.conftest import make_user
+from tests.helpers import make_user
 
 
 def run_like_a_worker(job_id):

@@ -10,7 +10,7 @@ from django.db import connection
 from django.test import Client
 
 from recovery.models import Activity, ApiRateWindow, ApiToken, hash_token
-from tests.conftest import make_user
+from tests.helpers import make_user
 
 
 def issue(username, role="viewer"):

@@ -17,7 +17,7 @@ from django.conf import settings
 from recovery.client.publisher import ReliablePublisher
 from recovery.collector.consumer import start_collectors, stop_collectors
 from recovery.models import Message
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 from tests.replay.conftest import dead_letters, run_in_thread
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

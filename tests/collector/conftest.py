@@ -6,10 +6,6 @@ marked ``disruptive``.
 """
 
 import io
-import os
-import signal
-import subprocess
-import sys
 import urllib.parse
 
 import pika
@@ -19,8 +15,13 @@ from django.core.management import call_command
 
 from recovery.broker.management import Management
 from recovery.models import Message
-from tests.conftest import database_url, stop_process, vhost_url, wait_for
-from tests.helpers import declare_app_queue, publish  # noqa: F401 - the collector tests' import
+from tests.helpers import (
+    WorkerProcess,
+    declare_app_queue,  # noqa: F401 - the collector tests' import
+    publish,  # noqa: F401 - the collector tests' import
+    vhost_url,
+    wait_for,
+)
 
 
 def open_channel(vhost=None):
@@ -67,63 +68,16 @@ def drain_queue(channel, queue, timeout=10):
     return got
 
 
-class WorkerProcess:
-    """A real ``celery -A console worker --collector`` process on this session's vhost(s)."""
-
-    def __init__(self, log_path, vhosts, database_url, **env):
-        self.log_path = log_path
-        self.env = {
-            **os.environ,
-            "DATABASE_URL": database_url,
-            "RABBITMQ_URL": settings.RABBITMQ_URL,
-            "CELERY_BROKER_URL": settings.RABBITMQ_URL,
-            "RECOVERY_VHOSTS": ",".join(vhosts),
-            "COLLECTOR_FLUSH_SECONDS": "0.05",
-            **{k: str(v) for k, v in env.items()},
-        }
-        self.process = None
-        self.starts = 0
-
-    def start(self):
-        self.starts += 1
-        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed by stop()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "console", "worker", "--collector"]
-            + ["--pool", "solo", "-l", "warning", "-Q", f"lazarus.tasks.{os.getpid()}"],
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        log.close()
-        return self
-
-    def kill(self):
-        """kill -9: no shutdown code runs, unacked deliveries go back to the queue."""
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=30)
-
-    def stop(self):
-        stop_process(self.process)
-
-    def alive(self):
-        return self.process is not None and self.process.poll() is None
-
-    def log(self):
-        with open(self.log_path, "rb") as f:
-            return f.read().decode(errors="replace")[-5000:]
-
-
 @pytest.fixture
 def worker_process(transactional_db, wired, clean_queues, tmp_path):
     """Factory for collector worker processes; every one started is stopped at the end."""
     started = []
 
     def make(vhosts=None, database_url_=None, **env):
-        worker = WorkerProcess(
-            tmp_path / f"worker{len(started)}.log",
-            vhosts or [wired],
-            database_url_ or database_url(),
-            **env,
+        if database_url_:
+            env["DATABASE_URL"] = database_url_
+        worker = WorkerProcess.collector(
+            tmp_path / f"worker{len(started)}.log", vhosts or [wired], **env
         )
         started.append(worker)
         return worker

@@ -27,8 +27,8 @@ from recovery.collector.processes import collector_process_count
 from recovery.db import database_conninfo
 from recovery.models import Message
 from tests.collector.conftest import depth, open_channel
-from tests.conftest import wait_for
 from tests.faults import TcpProxy
+from tests.helpers import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

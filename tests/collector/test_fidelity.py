@@ -11,7 +11,7 @@ from recovery.client.headers import LongBytes, RawTimestamp
 from recovery.models import Message, Status
 from recovery.replay import replay_message
 from tests.collector.conftest import declare_app_queue, publish, reject_next, stored
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

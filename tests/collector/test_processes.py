@@ -12,9 +12,9 @@ from recovery.collector.processes import collector_process_count
 from recovery.models import CollectorHeartbeat
 from tests.collector.conftest import open_channel
 from tests.collector.test_faults import fill, stored_count
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]  # real Celery workers
 
 N = 3000
 

@@ -15,7 +15,7 @@ from tests.collector.conftest import (
     reject_next,
     stored,
 )
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -6,7 +6,7 @@ import pytest
 
 from recovery.models import Kind, Reason, Status
 from tests.collector.conftest import declare_app_queue, publish, reject_next, stored
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -5,15 +5,13 @@ console's collector page names both machines."""
 
 import os
 import shutil
-import subprocess
-import sys
 
 import pika
 import pytest
 from django.conf import settings
 
 from recovery.models import CollectorHeartbeat, Message
-from tests.conftest import stop_process, wait_for, worker_env
+from tests.helpers import WorkerProcess, wait_for
 
 pytestmark = [pytest.mark.slow]
 
@@ -29,25 +27,13 @@ MACHINES = {
 
 
 def start_worker(hostname, extra_env, log_path):
-    env = worker_env(COLLECTOR_PROCESSES="1", **extra_env)
-    command = [
-        sys.executable, "-m", "celery", "-A", "console", "worker", "--collector",
-        "--pool", "solo", "-l", "warning", "-n", f"lazarus@{hostname}",
+    args = [
+        "worker", "--collector", "--pool", "solo", "-l", "warning", "-n", f"lazarus@{hostname}",
         "-Q", f"lazarus.tasks.{os.getpid()}.{hostname}",
     ]  # fmt: skip
-    log = log_path.open("wb")
-    worker = subprocess.Popen(
-        ["unshare", "--uts", "sh", "-c", f'hostname "{hostname}" && exec "$@"', "sh", *command],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    return worker, log
-
-
-def stop_worker(worker, log):
-    stop_process(worker)
-    log.close()
+    # In a UTS namespace of its own, under its own host name: as on another machine.
+    prefix = ["unshare", "--uts", "sh", "-c", f'hostname "{hostname}" && exec "$@"', "sh"]
+    return WorkerProcess(log_path, args, prefix, COLLECTOR_PROCESSES="1", **extra_env).start()
 
 
 @pytest.mark.skipif(not shutil.which("unshare"), reason="needs unshare (util-linux)")
@@ -110,8 +96,8 @@ def test_two_collectors_on_two_machines_share_a_flood_and_store_each_message_onc
         client.force_login(viewer)
         page = client.get("/overview/live").content.decode()
     finally:
-        for worker, log in workers:
-            stop_worker(worker, log)
+        for worker in workers:
+            worker.stop()
 
     stored = Message.objects.filter(source_queue="app.two-machines")
     assert stored.count() == n

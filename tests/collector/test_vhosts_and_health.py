@@ -11,7 +11,7 @@ from recovery.collector.health import STALE_AFTER, collector_health
 from recovery.models import CollectorHeartbeat, Kind
 from recovery.replay import replay_message
 from tests.collector.conftest import declare_app_queue, open_channel, publish, reject_next, stored
-from tests.conftest import make_user, wait_for
+from tests.helpers import make_user, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

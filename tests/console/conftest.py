@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.conftest import point_celery_at
+from tests.helpers import point_celery_at
 
 
 @pytest.fixture

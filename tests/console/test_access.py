@@ -3,8 +3,7 @@
 import pytest
 from django.test import Client
 
-from tests.conftest import make_user
-from tests.helpers import make_message
+from tests.helpers import make_message, make_user
 
 pytestmark = pytest.mark.django_db
 

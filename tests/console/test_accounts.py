@@ -6,7 +6,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from recovery.models import Activity, ApiToken
-from tests.conftest import make_user
+from tests.helpers import make_user
 
 pytestmark = pytest.mark.django_db
 

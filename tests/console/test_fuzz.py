@@ -11,8 +11,7 @@ from django.test import Client
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import make_user
-from tests.helpers import make_message
+from tests.helpers import make_message, make_user
 
 pytestmark = pytest.mark.django_db
 

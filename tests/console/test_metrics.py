@@ -4,8 +4,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from recovery.models import AlertRule, AuditRun, ReplayJob
-from tests.conftest import token_for
-from tests.helpers import make_message
+from tests.helpers import make_message, token_for
 
 pytestmark = pytest.mark.django_db
 

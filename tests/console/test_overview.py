@@ -104,7 +104,7 @@ def test_the_live_fragment_reports_broker_and_collector(client, viewer, wired):
 
 @pytest.mark.django_db(transaction=True)
 def test_the_live_fragment_shows_running_collectors_and_their_lag(client, viewer, collector):
-    from tests.conftest import wait_for
+    from tests.helpers import wait_for
 
     client.force_login(viewer)
     html = wait_for(

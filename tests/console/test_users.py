@@ -5,7 +5,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client, RequestFactory
 
 from recovery.models import Activity, role_of
-from tests.conftest import make_user
+from tests.helpers import make_user
 
 
 def login_request():

@@ -114,7 +114,7 @@ def test_rebuild_recounts_from_the_messages():
 
 def test_celery_beat_compacts_the_counts_every_minute():
     from console.celery import app
-    from recovery.search.count_tasks import compact_message_counts
+    from recovery.models.tasks import compact_message_counts
 
     app.loader.import_default_modules()
     entry = app.conf.beat_schedule["compact-message-counts"]

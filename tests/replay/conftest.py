@@ -8,10 +8,6 @@ through its own database connection, which must see committed rows.
 
 import datetime
 import itertools
-import os
-import signal
-import subprocess
-import sys
 import threading
 from collections import Counter
 
@@ -26,8 +22,10 @@ from recovery.collector.insert import store_rows
 from recovery.collector.rows import delivery_to_row
 from recovery.db import database_conninfo
 from recovery.models import Message
-from tests.conftest import database_url, stop_process
-from tests.helpers import declare_app_queue  # noqa: F401 - the replay tests' import
+from tests.helpers import (
+    WorkerProcess,
+    declare_app_queue,  # noqa: F401 - the replay tests' import
+)
 
 _ids = itertools.count(1)
 
@@ -210,60 +208,13 @@ def management():
     return Management()
 
 
-class Worker:
-    """A real ``celery -A console worker`` (threads pool, no collector) on this session's vhost
-    and test database: the process replay jobs run in. ``beat=True`` runs ``celery beat``."""
-
-    def __init__(self, log_path, beat=False, **env):
-        self.log_path = log_path
-        self.beat = beat
-        self.env = {
-            **os.environ,
-            "DATABASE_URL": database_url(),
-            "RABBITMQ_URL": settings.RABBITMQ_URL,
-            "CELERY_BROKER_URL": settings.RABBITMQ_URL,
-            "RECOVERY_VHOSTS": settings.RECOVERY_VHOSTS[0],
-            "COLLECTOR_ENABLED": "false",
-            "LOG_LEVEL": "INFO",
-            **{k: str(v) for k, v in env.items()},
-        }
-        self.process = None
-
-    def start(self):
-        if self.beat:
-            command = ["beat", "-s", str(self.log_path.with_suffix(".schedule")), "-l", "info"]
-        else:
-            command = ["worker", "--no-collector", "-P", "threads", "-c", "2", "-l", "info"]
-            command += ["-Q", f"{settings.CELERY_TASK_DEFAULT_QUEUE},{settings.REPLAY_TASK_QUEUE}"]
-            command += ["-n", f"{self.log_path.stem}-{os.getpid()}@%h"]
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "console", *command],
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        return self
-
-    def kill(self):
-        """kill -9: no shutdown code runs at all."""
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=30)
-
-    def stop(self):
-        stop_process(self.process, timeout=60)
-
-    def log(self):
-        return self.log_path.read_text(errors="replace")[-5000:]
-
-
 @pytest.fixture
 def workers(tmp_path, wired):
     """Start Celery processes: ``workers(beat=False, **env)``; all are stopped at the end."""
     started = []
 
     def start(beat=False, **env):
-        worker = Worker(tmp_path / f"celery{len(started)}.log", beat=beat, **env).start()
+        worker = WorkerProcess.tasks(tmp_path / f"celery{len(started)}.log", beat, **env).start()
         started.append(worker)
         return worker
 

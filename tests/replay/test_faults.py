@@ -18,8 +18,8 @@ import pytest
 from recovery.broker.management import Management
 from recovery.models import Activity, Message, ReplayJob, ReplayJobItem, Status
 from recovery.replay.jobs import create_job
-from tests.conftest import wait_for
 from tests.faults import TcpProxy
+from tests.helpers import wait_for
 from tests.replay.conftest import (
     dead_letters,
     declare_app_queue,

@@ -9,7 +9,7 @@ from recovery.errors import StateError
 from recovery.models import Activity, Message, ReplayAttempt, ReplayJob, ReplayJobItem, Status
 from recovery.replay import discard_message, replay_message
 from recovery.replay.jobs import create_job, dry_run
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 from tests.replay.conftest import (
     dead_letters,
     declare_app_queue,

@@ -11,7 +11,7 @@ from recovery.models import Activity, Message, ReplayJob, ReplayJobItem, Status
 from recovery.replay.job_store import JobStore
 from recovery.replay.jobs import create_job, resume_stalled_jobs
 from recovery.replay.runner import JobRunner
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 from tests.replay.conftest import (
     dead_letters,
     declare_app_queue,

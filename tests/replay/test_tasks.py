@@ -8,10 +8,10 @@ from django.conf import settings
 from django.utils import timezone
 
 from recovery.models import Activity, Message, ReplayJob, ReplayJobItem, Status
+from recovery.models.retention import apply_retention
 from recovery.replay import discard_message
 from recovery.replay.jobs import create_job, resume_stalled_jobs
-from recovery.replay.retention import apply_retention
-from tests.conftest import point_celery_at, wait_for
+from tests.helpers import point_celery_at, wait_for
 from tests.replay.conftest import (
     dead_letters,
     declare_app_queue,
@@ -36,6 +36,7 @@ def wait_for_state(job, state, worker, timeout=60):
         raise AssertionError(f"{exc}; {progress}; the worker's log:\n{worker.log()}") from None
 
 
+@pytest.mark.slow  # a real Celery worker process
 def test_a_job_runs_in_a_celery_worker(wired, amqp, operator, workers):
     purge_tasks()
     declare_app_queue(amqp, "tasks.run")
@@ -50,6 +51,7 @@ def test_a_job_runs_in_a_celery_worker(wired, amqp, operator, workers):
     assert len(drain("tasks.run")) == 200
 
 
+@pytest.mark.slow  # a real Celery worker process
 def test_a_task_from_another_deployment_runs_nothing(wired, operator, workers):
     """The task carries the job's token: a foreign task with a matching id is ignored."""
     from recovery.replay.tasks import run_replay_job
@@ -61,9 +63,32 @@ def test_a_task_from_another_deployment_runs_nothing(wired, operator, workers):
     run_replay_job.apply_async((job.pk, "00000000-0000-0000-0000-000000000000"))
     worker = workers()
 
-    wait_for(lambda: "recovery.tasks.run_replay_job" in worker.log(), timeout=30)
+    wait_for(lambda: "recovery.replay.tasks.run_replay_job" in worker.log(), timeout=30)
     wait_for(lambda: "gone" in worker.log(), timeout=30, message=worker.log())
     assert job_state(job) == "queued"
+
+
+@pytest.mark.slow
+def test_a_task_sent_by_its_old_name_still_runs_the_job(wired, amqp, operator, workers):
+    """Task messages the previous release queued name ``recovery.tasks.run_replay_job``: a
+    worker of this one runs them (recovery/old_task_names.py, for one release)."""
+    from console.celery import app
+
+    purge_tasks()
+    declare_app_queue(amqp, "tasks.old_name")
+    dead_letters("tasks.old_name", 3)
+    job = create_job(operator, filters={"queue": "tasks.old_name"})
+    purge_tasks()  # drop the task sent by its new name; send it as the previous release did
+    app.send_task(
+        "recovery.tasks.run_replay_job",
+        (job.pk, str(job.token)),
+        queue=settings.REPLAY_TASK_QUEUE,
+        retry=False,
+    )
+    worker = workers()
+
+    wait_for_state(job, "done", worker)
+    assert len(drain("tasks.old_name")) == 3
 
 
 def test_the_sweep_enqueues_jobs_whose_runner_died(wired, operator):
@@ -172,6 +197,7 @@ def test_retention_drops_the_items_of_long_finished_jobs(wired, amqp, operator):
     assert job.confirmed == 3 and not job.items.exists()
 
 
+@pytest.mark.slow  # a real Celery worker process
 def test_a_worker_shutting_down_hands_its_job_to_another(wired, amqp, operator, workers):
     purge_tasks()
     declare_app_queue(amqp, "tasks.handover")
@@ -225,6 +251,7 @@ def test_a_slow_rate_hands_the_worker_back_between_messages(wired, amqp, operato
     assert job.confirmed == 1 and job.state == ReplayJob.State.QUEUED
 
 
+@pytest.mark.slow  # a real Celery worker process
 def test_slow_jobs_do_not_starve_a_worker_of_other_work(wired, amqp, operator, workers):
     purge_tasks()
     for queue in ("tasks.crawl1", "tasks.crawl2", "tasks.quick"):

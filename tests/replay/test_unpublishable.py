@@ -14,7 +14,7 @@ from recovery.models import Message, ReplayAttempt, ReplayJobItem, Status
 from recovery.replay import replay_message
 from recovery.replay.jobs import create_job
 from tests.api.conftest import make_message
-from tests.conftest import make_user
+from tests.helpers import make_user
 from tests.replay.conftest import dead_letters, declare_app_queue, drain, run
 
 pytestmark = pytest.mark.django_db(transaction=True)

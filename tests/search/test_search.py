@@ -13,8 +13,7 @@ from django.db import connection, transaction
 from recovery.models import Message, MessageSearch
 from recovery.search import index as search_index
 from recovery.search.filters import MessageFilterForm, bytea_escape
-from tests.conftest import make_user
-from tests.helpers import make_message
+from tests.helpers import make_message, make_user
 
 pytestmark = pytest.mark.django_db
 
@@ -232,7 +231,7 @@ def test_the_indexer_leaves_the_cores_to_the_collector_during_a_flood_but_not_fo
     from django.utils import timezone
 
     from recovery.search.tasks import collector_backlog, index_new_messages
-    from tests.conftest import wait_for
+    from tests.helpers import wait_for
 
     settings.SEARCH_INDEX_DEFER_BACKLOG = 5
     settings.SEARCH_INDEX_MAX_DEFER_SECONDS = 60

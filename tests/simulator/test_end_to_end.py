@@ -15,13 +15,13 @@ from django.conf import settings
 from recovery.audit.run import run_audit
 from recovery.broker.topology import queue_depths
 from recovery.models import Message
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 from tests.simulator.helpers import BUSY_FAULTS, simulate
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 COUNT = os.environ.get("SIM_E2E_COUNT", "300")
-# What the audit and the simulator must agree on (names of DESIGN.md "Audit metrics").
+# What the audit and the simulator must agree on (names of docs/design.md "Audit metrics").
 AGREED = (
     "distinct_published",
     "publish_attempts",

@@ -25,9 +25,9 @@ def no_outbox(transactional_db):
 
 def test_it_is_scheduled_every_30_seconds():
     entry = app.conf.beat_schedule["forward-client-outbox"]
-    assert entry == {"task": "recovery.outbox_tasks.forward_client_outbox", "schedule": 30.0}
+    assert entry == {"task": "recovery.collector.tasks.forward_client_outbox", "schedule": 30.0}
     app.loader.import_default_modules()
-    assert "recovery.outbox_tasks.forward_client_outbox" in app.tasks
+    assert "recovery.collector.tasks.forward_client_outbox" in app.tasks
 
 
 def test_without_an_outbox_table_it_does_nothing_and_creates_nothing(no_outbox, wired):

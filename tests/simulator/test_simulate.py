@@ -97,7 +97,8 @@ def test_it_leaves_real_dead_letters_unroutables_returns_and_logs_matching_its_t
     for queue in DemoTopology().queues:
         assert broker.queue_declare(queue.name, passive=True).method.message_count == 0
 
-    # Both logs, in the DESIGN.md schema, agree with the truth line for line.
+    # Both logs, in the schema of docs/design.md "The log contract", agree with the truth
+    # line for line.
     producer = read_log_lines(paths["logs"] / "producer")
     consumer = read_log_lines(paths["logs"] / "consumer")
     for rel, line in producer:

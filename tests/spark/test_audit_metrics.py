@@ -11,7 +11,7 @@ from pyspark.sql import functions as F
 from spark.schema import topic_pattern_regex
 from tests.spark.conftest import DAY, at, consume, dead_letter, publish
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.slow]  # a Spark session: a JVM, its jobs
 
 ZERO = {
     "lost": 0,

@@ -18,9 +18,8 @@ from recovery.alerts.engine import evaluate
 from recovery.broker import tally
 from recovery.broker.management import Management
 from recovery.models import AlertRule, Message
-from tests.alerts.test_alerts import Receiver, free_port, rule, webhook
-from tests.conftest import wait_for
-from tests.helpers import declare_app_queue
+from tests.alerts.test_alerts import Receiver, rule, webhook
+from tests.helpers import declare_app_queue, free_port, wait_for
 
 pytestmark = pytest.mark.django_db
 

@@ -1,5 +1,8 @@
 """Retention: replayed and discarded messages older than RETENTION_DAYS leave the store.
 
+It deletes store-wide (every vhost, every queue, whoever replayed them), so it lives with the
+store, not with the replay engine; Celery beat runs it (``recovery.models.tasks``).
+
 "Older" counts from the message's last change (``updated_at``: when it was replayed or
 discarded), so a message replayed today is kept RETENTION_DAYS from today whatever its age.
 Pending and poisoned messages are never deleted: nobody has dealt with them yet. A message a job
@@ -15,7 +18,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from recovery.models import Activity, Message, ReplayJobItem, Status
+from recovery.models.access import Activity
+from recovery.models.replay import ReplayJobItem
+from recovery.models.store import Message, Status
 
 log = logging.getLogger(__name__)
 
