@@ -21,6 +21,10 @@ pids+=($!)
 # Replay jobs in a pool of their own (REPLAY_TASK_QUEUE): a long job never delays the indexer.
 .venv/bin/celery -A console worker --no-collector -l info --concurrency 2 -n "replay@%h" -Q "${REPLAY_TASK_QUEUE:-lazarus.replay}" &
 pids+=($!)
+# The notification outbox on its own queue (ALERTS_TASK_QUEUE): receivers that stall hold only
+# this worker, never rule evaluation.
+.venv/bin/celery -A console worker --no-collector -l info --concurrency 2 -n "alerts@%h" -Q "${ALERTS_TASK_QUEUE:-lazarus.alerts}" &
+pids+=($!)
 .venv/bin/celery -A console beat -l info -s var/celerybeat-schedule &
 pids+=($!)
 $M simulate --count 60 --rate 10 --every 30 &

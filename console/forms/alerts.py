@@ -5,8 +5,8 @@ from datetime import timedelta
 
 from django import forms
 from django.core.exceptions import ValidationError
-from django.core.validators import validate_email
 
+from recovery.alerts.params import MAX_DEPTH, params_problems, target_problems, vhost_problem
 from recovery.models import AlertRule, NotificationChannel
 
 
@@ -53,11 +53,27 @@ class AlertRuleForm(forms.ModelForm):
         raw = self.cleaned_data.get("params") or "{}"
         try:
             value = json.loads(raw)
+        except RecursionError:
+            raise ValidationError(f"nested deeper than {MAX_DEPTH} levels") from None
         except ValueError as exc:
             raise ValidationError(f"not JSON: {exc}") from exc
         if not isinstance(value, dict):
             raise ValidationError("must be a JSON object")
         return value
+
+    def clean_vhost(self):
+        vhost = self.cleaned_data.get("vhost") or ""
+        problem = vhost_problem(vhost)
+        if problem:
+            raise ValidationError(problem)
+        return vhost
+
+    def clean(self):
+        data = super().clean()
+        if "params" in data and data.get("kind"):
+            for problem in params_problems(data["kind"], data["params"]):
+                self.add_error("params", problem)
+        return data
 
     def clean_for_seconds(self):
         value = self.cleaned_data.get("for_seconds") or 0
@@ -84,17 +100,8 @@ class NotificationChannelForm(forms.ModelForm):
     def clean(self):
         data = super().clean()
         kind, target = data.get("kind"), (data.get("target") or "").strip()
-        if kind in ("webhook", "slack") and not target.startswith(("http://", "https://")):
-            self.add_error("target", "an http:// or https:// URL")
-        if kind == "email":
-            addresses = [a.strip() for a in target.split(",") if a.strip()]
-            if not addresses:
-                self.add_error("target", "one or more email addresses, comma-separated")
-            for address in addresses:
-                try:
-                    validate_email(address)
-                except ValidationError:
-                    self.add_error("target", f"not an email address: {address}")
+        for problem in target_problems(kind, target):
+            self.add_error("target", problem)
         data["target"] = target
         return data
 

@@ -43,6 +43,8 @@ def alert_list(request):
                     name=saved.name,
                 )
             flash.success(request, f"Created {saved.name}.")
+            if form is channel_form and saved.kind == NotificationChannel.Kind.WEBHOOK:
+                _show_secret_once(request, saved)
             return redirect("alerts")
     rules = AlertRule.objects.prefetch_related("channels")
     return render(
@@ -51,6 +53,8 @@ def alert_list(request):
         {
             "rules": rules,
             "channels": NotificationChannel.objects.all(),
+            # Set by a create or a rotate just before, and shown on this page load only.
+            "new_secret": request.session.pop(SECRET_SESSION_KEY, None) if is_admin else None,
             "rule_form": rule_form,
             "channel_form": channel_form,
             "is_admin": is_admin,
@@ -62,6 +66,19 @@ def alert_list(request):
 
 def _forbidden():
     raise PermissionDenied("requires the admin role")
+
+
+# The secret travels from the POST to the page after its redirect in the (server-side) session,
+# never in a URL or a cookie, and is popped by the first page that shows it.
+SECRET_SESSION_KEY = "alerts_new_secret"
+
+
+def _show_secret_once(request, channel):
+    request.session[SECRET_SESSION_KEY] = {
+        "id": channel.pk,
+        "name": channel.name,
+        "secret": channel.secret,
+    }
 
 
 @login_required
@@ -136,6 +153,42 @@ def channel_test(request, pk):
             f"Test notification to {channel.name} failed: {notification.last_error} "
             "(it will be retried with backoff)",
         )
+    return redirect("alerts")
+
+
+@login_required
+@admin_required
+@require_POST
+def channel_rotate_secret(request, pk):
+    channel = get_object_or_404(NotificationChannel, pk=pk)
+    channel.rotate_secret()
+    _log(request, "channel_secret_rotated", id=channel.pk, name=channel.name)
+    _show_secret_once(request, channel)
+    flash.success(request, f"New secret for {channel.name}: receivers must use it from now on.")
+    return redirect("alerts")
+
+
+@login_required
+@admin_required
+@require_POST
+def channel_set_enabled(request, pk, enabled):
+    channel = get_object_or_404(NotificationChannel, pk=pk)
+    channel.enabled = enabled
+    channel.save(update_fields=["enabled"])
+    verb = "enabled" if enabled else "disabled"
+    _log(request, f"channel_{verb}", id=channel.pk, name=channel.name)
+    flash.success(request, f"{channel.name} {verb}.")
+    return redirect("alerts")
+
+
+@login_required
+@admin_required
+@require_POST
+def channel_delete(request, pk):
+    channel = get_object_or_404(NotificationChannel, pk=pk)
+    _log(request, "channel_deleted", id=channel.pk, name=channel.name)
+    channel.delete()
+    flash.success(request, f"Deleted {channel.name}.")
     return redirect("alerts")
 
 

@@ -1,9 +1,11 @@
 """Health endpoints: /livez (the process answers), /readyz (it can serve), /healthz (details).
 
-/livez and /readyz are for an orchestrator's probes and say nothing an attacker could use.
-/healthz has the collector's detail (worker hosts and pids, queue names and depths, last
-errors): anonymous callers get only whether the database and the broker are up; a logged-in
-user or an API token gets everything.
+/livez and /readyz are for an orchestrator's probes and say nothing an attacker could use:
+anonymous callers of /readyz get up or down per dependency; a logged-in user or an API token
+also gets the unapplied-migration count and the error text. /healthz has the collector's
+detail (worker hosts and pids, queue names and depths, last errors): anonymous callers get
+only whether the database and the broker are up; a logged-in user or an API token gets
+everything.
 """
 
 import contextlib
@@ -69,7 +71,8 @@ def livez(request):
 @require_GET
 def readyz(request):
     """Readiness: the database answers with every migration applied, and the broker accepts a
-    connection. 503 names the check that failed."""
+    connection. 503 names the check that failed; only a logged-in user or an API token is told
+    more than up or down (the error text, how many migrations are unapplied)."""
     checks = {"database": _database_ok()}
     if checks["database"]["ok"]:
         try:
@@ -85,6 +88,9 @@ def readyz(request):
     except Exception as exc:  # noqa: BLE001 - reported, not raised
         checks["broker"] = {"ok": False, "error": type(exc).__name__}
     ok = all(check["ok"] for check in checks.values())
+    if not _may_see_details(request):
+        # A database error names hosts and users; the migration count dates the deployment.
+        checks = {name: {"ok": check["ok"]} for name, check in checks.items()}
     return JsonResponse({"ok": ok, **checks}, status=200 if ok else 503)
 
 

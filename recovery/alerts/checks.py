@@ -3,7 +3,8 @@ items behind it (group keys, job ids, queue names). Each reads an aggregate the 
 keeps (``MessageTotal`` sums, the heartbeat table, the newest audit) or one management API
 call, so a cycle of rules stays cheap at a million stored messages.
 
-Parameters per kind (``AlertRule.params``) and the scope fields each honours:
+Parameters per kind (``AlertRule.params``, their types and bounds in recovery/alerts/params.py)
+and the scope fields each honours:
 
 - new_failure_group: ``window_minutes`` (60): groups whose first message is that recent
   (hour resolution: the totals table's). Scope: vhost, queue, exchange.
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db.models import Exists, Min, OuterRef, Q, Sum
 
+from recovery.alerts.params import vhost_problem
 from recovery.broker import health as broker_health
 from recovery.broker import tally
 from recovery.broker.coverage import uncovered
@@ -49,6 +51,11 @@ from recovery.models import (
 )
 
 ITEMS_KEPT = 50
+
+
+class UnwatchedVhost(Exception):
+    """The rule's scope names a vhost outside RECOVERY_VHOSTS (saved before that was refused,
+    or the setting changed): its queues are not Lazarus's to read or show."""
 
 
 class TallyUnknown(Exception):
@@ -68,6 +75,14 @@ class Check:
 
 def _vhosts(rule):
     return [rule.vhost] if rule.vhost else list(settings.RECOVERY_VHOSTS)
+
+
+def _broker_vhosts(rule):
+    """The vhosts whose queues a check may read through the management API (and name in its
+    items): only watched ones, whatever the rule was saved with."""
+    if vhost_problem(rule.vhost):
+        raise UnwatchedVhost(f"the scope's vhost {rule.vhost!r} is not one Lazarus watches")
+    return _vhosts(rule)
 
 
 def _count_scope(rule, prefix=""):
@@ -148,7 +163,7 @@ def collector_lag(rule, now, management):
     threshold = rule.params.get("threshold", 1000)
     names = Names.from_settings()
     waiting = []
-    for vhost in _vhosts(rule):
+    for vhost in _broker_vhosts(rule):
         for q in management.queues(vhost) or []:
             if q["name"] in names.source_queues and (q.get("messages") or 0) > threshold:
                 waiting.append(f"{vhost}/{q['name']}: {q['messages']}")
@@ -218,7 +233,7 @@ def broker_alarm(rule, now, management):
 def queue_without_consumers(rule, now, management):
     names = Names.from_settings()
     idle = []
-    for vhost in _vhosts(rule):
+    for vhost in _broker_vhosts(rule):
         for q in management.queues(vhost) or []:
             if q["name"] in names.source_queues and not q.get("consumers"):
                 idle.append(f"{vhost}/{q['name']}")
@@ -226,7 +241,7 @@ def queue_without_consumers(rule, now, management):
 
 
 def uncovered_queues(rule, now, management):
-    rows = [row for vhost in _vhosts(rule) for row in uncovered(vhost, management)]
+    rows = [row for vhost in _broker_vhosts(rule) for row in uncovered(vhost, management)]
     items = [f"{r.vhost}/{r.kind} {r.name}: {r.problem}" for r in rows[:ITEMS_KEPT]]
     return Check(
         bool(rows), len(rows), f"{len(rows)} queue(s)/exchange(s) Lazarus cannot collect", items

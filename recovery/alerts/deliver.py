@@ -1,5 +1,15 @@
-"""Deliver the notification outbox (a beat task every ALERTS_DELIVER_SECONDS): webhooks signed
-with HMAC-SHA256, Slack-compatible incoming webhooks, email through Django's email settings.
+"""Deliver the notification outbox (a beat task every ALERTS_DELIVER_SECONDS, on a queue and a
+worker of its own: ALERTS_TASK_QUEUE): webhooks signed with HMAC-SHA256, Slack-compatible
+incoming webhooks, email through Django's email settings.
+
+Each due notification is claimed on its own with a conditional UPDATE (``Notification.claim``,
+as healthchecks' sendalerts claims a flip), sent outside any transaction, and its outcome
+recorded at the time the send ended. Any exception while sending is a failed attempt with its
+reason, so one bad receiver costs its own notification, never the batch, and a notification is
+sent at most once per attempt. Sends to different channels run side by side (SEND_THREADS);
+one channel's notifications go one after another, in order, and after a failure the rest of
+that channel's wait for the next pass. HTTP sends: ``recovery.alerts.outbound`` (one
+wall-clock deadline, no redirects, the allow-list).
 
 A failed attempt is recorded on the notification (``attempt_log``) and retried with backoff
 (30 s doubling to an hour) up to ALERTS_MAX_ATTEMPTS, then the notification is ``failed``; a
@@ -12,23 +22,33 @@ Webhook signature: ``X-Lazarus-Signature: sha256=<hex HMAC-SHA256(secret, "<ts>.
 rejects old timestamps, so a captured request cannot be replayed later.
 """
 
+import collections
+import datetime
 import hashlib
 import hmac
 import json
 import time
-import urllib.error
-import urllib.request
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 from django.conf import settings
 from django.core.mail import send_mail
-from django.db import transaction
 from django.utils import timezone
 
+from recovery.alerts.outbound import DeliveryError, post
 from recovery.models import Notification, NotificationChannel
 
+__all__ = ["DeliveryError", "deliver_due", "deliver_one", "send", "send_test", "sign"]
 
-class DeliveryError(Exception):
-    pass
+# Channels sent to at the same time in one pass: a receiver that takes the whole deadline holds
+# one thread, not the others' notifications. More threads cost only idle sockets; the database
+# work (claims, outcomes) stays on the task's own thread and connection.
+SEND_THREADS = 8
+
+# A claimed notification is not picked up again until this long after the claim (beyond the
+# send's deadline): if the worker dies mid-send, a later pass sends it again then (that
+# attempt is the one recorded). Email is bounded by EMAIL_TIMEOUT per SMTP step, not by the
+# deadline: the operator's own relay, not a receiver anyone can register.
+CLAIM_MARGIN = datetime.timedelta(minutes=5)
 
 
 def sign(secret: str, timestamp: str, body: bytes) -> str:
@@ -37,16 +57,25 @@ def sign(secret: str, timestamp: str, body: bytes) -> str:
 
 
 def _post(url, body: bytes, headers: dict) -> int:
-    request = urllib.request.Request(url, data=body, method="POST")
-    for name, value in {"Content-Type": "application/json", **headers}.items():
-        request.add_header(name, value)
     try:
-        with urllib.request.urlopen(request, timeout=settings.ALERTS_HTTP_TIMEOUT_SECONDS) as resp:
-            return resp.status
-    except urllib.error.HTTPError as exc:
-        raise DeliveryError(f"HTTP {exc.code} from {url}") from exc
-    except (urllib.error.URLError, OSError) as exc:
-        raise DeliveryError(f"{url}: {exc}") from exc
+        return post(
+            url,
+            body,
+            headers,
+            settings.ALERTS_SEND_DEADLINE_SECONDS,
+            settings.ALERTS_TARGET_ALLOW,
+        )
+    except DeliveryError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever the receiver made happen is its failure
+        raise DeliveryError(f"{url}: {_reason(exc)}") from exc
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc) or repr(exc)
+    if isinstance(exc, OSError) and str(exc):  # "[Errno 111] Connection refused", "no answer..."
+        return text
+    return f"{type(exc).__name__}: {text}"
 
 
 def text_of(payload: dict) -> str:
@@ -89,43 +118,119 @@ def send(channel: NotificationChannel, payload: dict) -> str:
     raise DeliveryError(f"unknown channel kind {channel.kind!r}")
 
 
-def deliver_one(notification: Notification, now=None) -> bool:
-    """One attempt at one notification; the outcome is recorded on it and its channel."""
-    now = now or timezone.now()
+def _clock(now=None):
+    """The time of each send: the wall clock; with ``now`` given (tests, a pass pinned to a
+    time), ``now`` plus the time elapsed since, so an attempt still says when it happened."""
+    if now is None:
+        return timezone.now
+    start = time.monotonic()
+    return lambda: now + datetime.timedelta(seconds=time.monotonic() - start)
+
+
+def _attempt(channel, payload, clock) -> tuple[bool, str, datetime.datetime]:
+    """One send, on a sending thread: (ok, result or reason, when it ended). Never raises."""
     try:
-        result = send(notification.channel, notification.payload)
+        result = send(channel, payload)
     except DeliveryError as exc:
-        notification.record_failed(now, str(exc))
-        return False
-    notification.record_delivered(now, result)
-    return True
+        return False, str(exc), clock()
+    except Exception as exc:  # noqa: BLE001 - any exception while sending is a failed attempt
+        return False, f"{channel.target}: {_reason(exc)}", clock()
+    return True, result, clock()
+
+
+def _record(notification, outcome) -> bool:
+    ok, text, at = outcome
+    if ok:
+        notification.record_delivered(at, text)
+    else:
+        notification.record_failed(at, text)
+    return ok
+
+
+def _claim_until(clock):
+    deadline = datetime.timedelta(seconds=settings.ALERTS_SEND_DEADLINE_SECONDS)
+    return clock() + deadline + CLAIM_MARGIN
+
+
+def deliver_one(notification: Notification, now=None) -> bool:
+    """One attempt at one notification the caller holds (claimed, or just created claimed);
+    the outcome is recorded on it and its channel."""
+    return _record(notification, _attempt(notification.channel, notification.payload, _clock(now)))
+
+
+def _deliver(due: list, clock, counts: dict) -> None:
+    """Send ``due`` (oldest first): each claimed just before its send, channels side by side,
+    one channel's notifications in order; claims and outcomes on this thread."""
+    waiting: dict[int, collections.deque] = {}
+    for notification in due:
+        channel = waiting.setdefault(notification.channel_id, collections.deque())
+        if channel:  # one channel object per pass: its failures in a row add up
+            notification.channel = channel[0].channel
+        channel.append(notification)
+    channels = collections.deque(waiting)
+    running = {}
+
+    def start(pool, channel_id) -> None:
+        queue = waiting[channel_id]
+        if not queue:
+            return
+        notification = queue.popleft()
+        if notification.claim(_claim_until(clock)):
+            future = pool.submit(_attempt, notification.channel, notification.payload, clock)
+            running[future] = notification
+        else:
+            # Another pass holds this channel's oldest notification: it goes on with the
+            # channel, so its notifications still arrive in order.
+            queue.clear()
+
+    with ThreadPoolExecutor(max_workers=SEND_THREADS, thread_name_prefix="alerts-send") as pool:
+        while channels or running:
+            while channels and len(running) < SEND_THREADS:
+                start(pool, channels.popleft())
+            if not running:
+                continue
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                notification = running.pop(future)
+                if _record(notification, future.result()):
+                    counts["delivered"] += 1
+                    start(pool, notification.channel_id)
+                else:
+                    # The receiver is failing: the channel's later notifications wait for the
+                    # next pass instead of each spending a deadline on it now.
+                    counts["failed"] += 1
 
 
 def deliver_due(now=None, limit=100) -> dict:
     """Deliver the notifications that are due; {delivered, failed} counts of this pass."""
-    now = now or timezone.now()
+    clock = _clock(now)
+    cutoff = clock()
     counts = {"delivered": 0, "failed": 0}
+    seen: set[int] = set()
     while True:
-        with transaction.atomic():
-            batch = list(
-                Notification.objects.select_for_update(skip_locked=True)
-                .select_related("channel")
-                .filter(status=Notification.Status.PENDING, next_attempt_at__lte=now)
-                .order_by("next_attempt_at", "id")[:limit]
-            )
-            for notification in batch:
-                counts["delivered" if deliver_one(notification, now) else "failed"] += 1
-        if len(batch) < limit:
+        due = list(
+            Notification.objects.select_related("channel")
+            .filter(status=Notification.Status.PENDING, next_attempt_at__lte=cutoff)
+            .filter(channel__enabled=True)  # a disabled channel's outbox waits, unsent
+            .exclude(pk__in=seen)
+            .order_by("next_attempt_at", "id")[:limit]
+        )
+        seen.update(n.pk for n in due)
+        _deliver(due, clock, counts)
+        if len(due) < limit:
             return counts
 
 
 def send_test(channel: NotificationChannel, user=None) -> Notification:
-    """Queue a test notification to ``channel`` and deliver it now; returns it."""
+    """Queue a test notification to ``channel`` and deliver it now; returns it (its status and
+    ``last_error`` say how it went: a bad receiver is a failed attempt, never an exception)."""
     now = timezone.now()
     who = user.get_username() if user else "Lazarus"
     notification = Notification.objects.create(
         channel=channel,
         event="test",
+        # Created claimed: a delivery pass running now leaves it to this send.
+        next_attempt_at=_claim_until(timezone.now),
         payload={
             "event": "test",
             "at": now.isoformat(),
@@ -143,5 +248,5 @@ def send_test(channel: NotificationChannel, user=None) -> Notification:
             "items": [],
         },
     )
-    deliver_one(notification, now)
+    deliver_one(notification)
     return notification

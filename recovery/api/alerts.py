@@ -1,14 +1,20 @@
 """alert-rules, alert-channels, uncovered-queues: what Lazarus watches, who it tells, and what
-it cannot see. Everyone reads rules and channels (a channel's target and secret only admins);
-admins create rules. Definitions of the kinds and their params: docs/alerts.md."""
+it cannot see. Everyone reads rules and channels (a channel's target only admins; its errors
+with URLs cut to scheme and host for the rest); admins create, change, mute and delete rules,
+and create, change, disable, delete channels and rotate their secret (shown once, in the answer
+that made it). Definitions of the kinds and their params: docs/alerts.md and
+recovery/alerts/params.py."""
 
 import datetime
 
-from drf_spectacular.utils import extend_schema, extend_schema_field
+from django.shortcuts import get_object_or_404
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import generics, serializers
 from rest_framework.decorators import api_view, permission_classes
 from rest_framework.response import Response
 
+from recovery.alerts.params import params_problems, target_problems, vhost_problem
 from recovery.api.pagination import StrictCursorPagination
 from recovery.api.params import StrictCharField, StrictIntegerField
 from recovery.api.permissions import RolePermission, requires
@@ -49,7 +55,11 @@ class AlertRuleSerializer(serializers.ModelSerializer):
         many=True, queryset=NotificationChannel.objects.all(), required=False
     )
     for_seconds = StrictIntegerField(required=False, min_value=0, max_value=7 * 24 * 3600)
-    params = serializers.DictField(required=False)
+    params = serializers.DictField(
+        required=False,
+        help_text="the kind's parameters (docs/alerts.md); unknown names and values of the "
+        "wrong type or out of range are refused",
+    )
 
     class Meta:
         model = AlertRule
@@ -92,6 +102,21 @@ class AlertRuleSerializer(serializers.ModelSerializer):
             raise serializers.ValidationError({"channels": ["a list of channel ids"]})
         return super().to_internal_value(data)
 
+    def validate_vhost(self, vhost):
+        problem = vhost_problem(vhost)
+        if problem:
+            raise serializers.ValidationError(problem)
+        return vhost
+
+    def validate(self, attrs):
+        # A PATCH of the kind alone checks the saved params against the new kind.
+        kind = attrs.get("kind", getattr(self.instance, "kind", None))
+        params = attrs.get("params", getattr(self.instance, "params", {}))
+        problems = params_problems(kind, params)
+        if problems:
+            raise serializers.ValidationError({"params": problems})
+        return attrs
+
     def to_representation(self, rule):
         data = super().to_representation(rule)
         data["remind_every_seconds"] = (
@@ -99,16 +124,30 @@ class AlertRuleSerializer(serializers.ModelSerializer):
         )
         return data
 
+    @staticmethod
+    def _remind_every(validated):
+        if "remind_every_seconds" in validated:
+            seconds = validated.pop("remind_every_seconds")
+            validated["remind_every"] = datetime.timedelta(seconds=seconds) if seconds else None
+
     def create(self, validated):
-        seconds = validated.pop("remind_every_seconds", None)
-        if seconds:
-            validated["remind_every"] = datetime.timedelta(seconds=seconds)
+        self._remind_every(validated)
         return super().create(validated)
+
+    def update(self, rule, validated):
+        self._remind_every(validated)
+        return super().update(rule, validated)
+
+
+def _is_admin(serializer) -> bool:
+    request = serializer.context.get("request")
+    return bool(request and has_role(request.user, Role.ADMIN))
 
 
 class ChannelSerializer(serializers.ModelSerializer):
     failing = serializers.BooleanField(read_only=True)
     target = serializers.SerializerMethodField()
+    last_error = serializers.SerializerMethodField()
 
     class Meta:
         model = NotificationChannel
@@ -127,8 +166,47 @@ class ChannelSerializer(serializers.ModelSerializer):
 
     def get_target(self, channel) -> str | None:
         """The URL or addresses; null unless the caller is an admin."""
-        request = self.context.get("request")
-        return channel.target if request and has_role(request.user, Role.ADMIN) else None
+        return channel.target if _is_admin(self) else None
+
+    def get_last_error(self, channel) -> str:
+        """The last failure; for non-admins with URLs cut to scheme and host."""
+        return channel.last_error if _is_admin(self) else channel.public_error
+
+
+class ChannelWriteSerializer(serializers.ModelSerializer):
+    """What an admin sends to create (name, kind, target) or change (any but kind) a channel."""
+
+    name = StrictCharField(max_length=200)
+    target = StrictCharField(max_length=2000)
+    enabled = JsonBooleanField(required=False)
+
+    class Meta:
+        model = NotificationChannel
+        fields = ["name", "kind", "target", "enabled"]
+
+    def validate(self, attrs):
+        if self.instance is not None and attrs.get("kind", self.instance.kind) != (
+            self.instance.kind
+        ):
+            raise serializers.ValidationError({"kind": ["cannot change: create a new channel"]})
+        kind = attrs.get("kind", getattr(self.instance, "kind", None))
+        if "target" in attrs or self.instance is None:
+            attrs["target"] = attrs.get("target", "").strip()
+            problems = target_problems(kind, attrs["target"])
+            if problems:
+                raise serializers.ValidationError({"target": problems})
+        return attrs
+
+
+class ChannelWithSecretSerializer(ChannelSerializer):
+    secret = serializers.CharField(
+        read_only=True,
+        help_text="the webhook signing secret: shown only in this answer (create, rotate)",
+    )
+
+    class Meta(ChannelSerializer.Meta):
+        fields = [*ChannelSerializer.Meta.fields, "secret"]
+        read_only_fields = fields
 
 
 class NewestFirst(StrictCursorPagination):
@@ -136,12 +214,21 @@ class NewestFirst(StrictCursorPagination):
 
 
 class AdminWrites(RolePermission):
-    """Viewers read; creating a rule takes an admin."""
+    """Viewers read; creating, changing and deleting takes an admin."""
 
     def has_permission(self, request, view):
         if request.method not in ("GET", "HEAD", "OPTIONS"):
             self.required = Role.ADMIN
         return super().has_permission(request, view)
+
+
+def _log(request, action, obj, **detail):
+    Activity.objects.create(
+        user=request.user,
+        action=action,
+        via="api",
+        detail={"id": obj.pk, "name": obj.name, **detail},
+    )
 
 
 @extend_schema(summary="Alert rules and their state (admins create)")
@@ -152,26 +239,129 @@ class AlertRuleList(generics.ListCreateAPIView):
     queryset = AlertRule.objects.prefetch_related("channels")
 
     def perform_create(self, serializer):
-        rule = serializer.save()
-        Activity.objects.create(
-            user=self.request.user,
-            action="alert_rule_created",
-            via="api",
-            detail={"id": rule.pk, "name": rule.name},
-        )
+        _log(self.request, "alert_rule_created", serializer.save())
 
 
-@extend_schema(summary="One alert rule")
-class AlertRuleDetail(generics.RetrieveAPIView):
+@extend_schema_view(
+    get=extend_schema(summary="One alert rule"),
+    patch=extend_schema(summary="Change an alert rule (admin): only the fields sent"),
+    delete=extend_schema(summary="Delete an alert rule with its history (admin)"),
+)
+class AlertRuleDetail(generics.RetrieveUpdateDestroyAPIView):
     serializer_class = AlertRuleSerializer
+    permission_classes = [AdminWrites]
     queryset = AlertRule.objects.prefetch_related("channels")
+    # PATCH only: a PUT that forgot a field would reset it.
+    http_method_names = ["get", "patch", "delete", "head", "options"]
+
+    def perform_update(self, serializer):
+        changed = sorted(set(self.request.data) & set(serializer.validated_data))
+        _log(self.request, "alert_rule_changed", serializer.save(), fields=changed)
+
+    def perform_destroy(self, rule):
+        _log(self.request, "alert_rule_deleted", rule)
+        rule.delete()
 
 
-@extend_schema(summary="Notification channels (target: admins only)")
-class ChannelList(generics.ListAPIView):
+class MuteSerializer(serializers.Serializer):
+    minutes = StrictIntegerField(min_value=1, max_value=30 * 24 * 60, help_text="how long")
+
+
+@extend_schema(
+    summary="Mute an alert rule for a while (admin)",
+    request=MuteSerializer,
+    responses=AlertRuleSerializer,
+    description="A muted rule keeps its state and history and notifies nobody until then.",
+)
+@api_view(["POST"])
+@permission_classes([requires(Role.ADMIN)])
+def mute_rule(request, pk):
+    rule = get_object_or_404(AlertRule, pk=pk)
+    body = MuteSerializer(data=request.data)
+    body.is_valid(raise_exception=True)
+    minutes = body.validated_data["minutes"]
+    rule.muted_until = timezone.now() + datetime.timedelta(minutes=minutes)
+    rule.save(update_fields=["muted_until"])
+    _log(request, "alert_rule_muted", rule, minutes=minutes)
+    return Response(AlertRuleSerializer(rule, context={"request": request}).data)
+
+
+@extend_schema(summary="Unmute an alert rule (admin)", request=None, responses=AlertRuleSerializer)
+@api_view(["POST"])
+@permission_classes([requires(Role.ADMIN)])
+def unmute_rule(request, pk):
+    rule = get_object_or_404(AlertRule, pk=pk)
+    rule.muted_until = None
+    rule.save(update_fields=["muted_until"])
+    _log(request, "alert_rule_muted", rule, minutes=0)
+    return Response(AlertRuleSerializer(rule, context={"request": request}).data)
+
+
+@extend_schema_view(
+    get=extend_schema(summary="Notification channels (target: admins only)"),
+    post=extend_schema(
+        summary="Create a notification channel (admin); the answer shows its secret once",
+        request=ChannelWriteSerializer,
+        responses={201: ChannelWithSecretSerializer},
+    ),
+)
+class ChannelList(generics.ListCreateAPIView):
     serializer_class = ChannelSerializer
     pagination_class = NewestFirst
+    permission_classes = [AdminWrites]
     queryset = NotificationChannel.objects.all()
+
+    def create(self, request, *args, **kwargs):
+        body = ChannelWriteSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        channel = body.save()
+        _log(request, "channel_created", channel)
+        answer = ChannelWithSecretSerializer(channel, context={"request": request})
+        return Response(answer.data, status=201)
+
+
+@extend_schema_view(
+    get=extend_schema(summary="One notification channel (target: admins only)"),
+    patch=extend_schema(
+        summary="Change a channel (admin): name, target, enabled (false: disabled)",
+        request=ChannelWriteSerializer,
+        responses=ChannelSerializer,
+    ),
+    delete=extend_schema(summary="Delete a channel with its notifications (admin)"),
+)
+class ChannelDetail(generics.RetrieveUpdateDestroyAPIView):
+    serializer_class = ChannelSerializer
+    permission_classes = [AdminWrites]
+    queryset = NotificationChannel.objects.all()
+    http_method_names = ["get", "patch", "delete", "head", "options"]
+
+    def update(self, request, *args, **kwargs):
+        channel = self.get_object()
+        body = ChannelWriteSerializer(channel, data=request.data, partial=True)
+        body.is_valid(raise_exception=True)
+        changed = sorted(set(body.validated_data))
+        body.save()
+        _log(request, "channel_changed", channel, fields=changed)
+        return Response(ChannelSerializer(channel, context={"request": request}).data)
+
+    def perform_destroy(self, channel):
+        _log(self.request, "channel_deleted", channel)
+        channel.delete()
+
+
+@extend_schema(
+    summary="Rotate a channel's signing secret (admin); the answer shows it once",
+    request=None,
+    responses=ChannelWithSecretSerializer,
+    description="The old secret stops signing at once: receivers must switch to the new one.",
+)
+@api_view(["POST"])
+@permission_classes([requires(Role.ADMIN)])
+def rotate_channel_secret(request, pk):
+    channel = get_object_or_404(NotificationChannel, pk=pk)
+    channel.rotate_secret()
+    _log(request, "channel_secret_rotated", channel)
+    return Response(ChannelWithSecretSerializer(channel, context={"request": request}).data)
 
 
 UNCOVERED_KINDS = ("queue", "exchange")

@@ -2,7 +2,9 @@
 outbox of notifications to webhooks, Slack and email (recovery/alerts/)."""
 
 import datetime
+import re
 import secrets
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import models
@@ -223,6 +225,44 @@ def new_secret():
     return secrets.token_hex(32)
 
 
+# A URL (any scheme) or an email address inside an error text.
+_URL_OR_ADDRESS = re.compile(
+    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<rest>[^\s'\"<>]*)"
+    r"|[A-Za-z0-9.!#$%&*+/=?^_`{|}~-]+@(?P<domain>[A-Za-z0-9.-]+\.[A-Za-z]{2,})"
+)
+
+
+def _host_only(match):
+    if match.group("scheme") is None:
+        return f"…@{match.group('domain')}"
+    # The host is what follows the last "@" of the authority (credentials come before it).
+    authority = re.split(r"[/?#]", match.group("rest"), maxsplit=1)[0].rpartition("@")[2]
+    return f"{match.group('scheme')}://{authority}"
+
+
+def redact_target(text: str, target: str = "") -> str:
+    """``text`` (an error) as a non-admin may read it: every URL cut to its scheme and host (no
+    credentials, path or query), email addresses to their domain, and whatever else of the
+    channel's ``target`` appears bare (http.client quotes just the path of a bad URL)."""
+    if not text:
+        return text
+    target = target.strip()
+    parts = urlsplit(target) if "://" in target else None
+    if parts:
+        # The target itself first (a space in it would end the URL pattern's match early).
+        text = text.replace(target, f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}")
+        secret_bits = [parts.path + (f"?{parts.query}" if parts.query else ""), parts.path]
+        secret_bits += [parts.query, parts.netloc.rpartition("@")[0]]
+        for bit in sorted(secret_bits, key=len, reverse=True):
+            if len(bit) > 1:
+                text = text.replace(bit, "…")
+    else:
+        for address in target.split(","):
+            if address.strip():
+                text = text.replace(address.strip(), "…@" + address.strip().rpartition("@")[2])
+    return _URL_OR_ADDRESS.sub(_host_only, text)
+
+
 class NotificationChannel(models.Model):
     """Where notifications go. ``target``: the URL (webhook, slack) or comma-separated email
     addresses. A webhook body is signed with ``secret`` (recovery/alerts/deliver.py)."""
@@ -254,6 +294,17 @@ class NotificationChannel(models.Model):
     @property
     def failing(self) -> bool:
         return self.consecutive_failures >= self.FAILING_AFTER
+
+    @property
+    def public_error(self) -> str:
+        """``last_error`` as a non-admin may see it (``redact_target``)."""
+        return redact_target(self.last_error, self.target)
+
+    def rotate_secret(self) -> str:
+        """A new signing secret, saved; returned so the admin who asked can see it once."""
+        self.secret = new_secret()
+        self.save(update_fields=["secret"])
+        return self.secret
 
     def record_success(self, now) -> None:
         self.consecutive_failures = 0
@@ -306,9 +357,36 @@ class Notification(models.Model):
     # Entries of attempt_log kept: a notification retried for days stays a small row.
     ATTEMPTS_KEPT = 20
 
+    @property
+    def public_error(self) -> str:
+        """``last_error`` as a non-admin may see it (``redact_target``)."""
+        return redact_target(self.last_error, self.channel.target)
+
+    @property
+    def public_attempt_log(self) -> list:
+        """``attempt_log`` with each error as a non-admin may see it."""
+        target = self.channel.target
+        return [{**a, "error": redact_target(a.get("error", ""), target)} for a in self.attempt_log]
+
     def backoff(self) -> datetime.timedelta:
         """30 s, 1 min, 2 min, ... capped at an hour."""
         return datetime.timedelta(seconds=min(30 * 2 ** max(self.attempts - 1, 0), 3600))
+
+    def claim(self, until) -> bool:
+        """Take this notification for one attempt: a conditional UPDATE only one delivery pass
+        wins (as healthchecks' sendalerts claims a flip). Its ``next_attempt_at`` moves to
+        ``until``, so no pass picks it up meanwhile; the outcome (``record_delivered`` /
+        ``record_failed``) sets it again, and a send that never records (its worker killed)
+        is due again at ``until``."""
+        won = Notification.objects.filter(
+            pk=self.pk,
+            status=self.Status.PENDING,
+            attempts=self.attempts,
+            next_attempt_at=self.next_attempt_at,
+        ).update(next_attempt_at=until)
+        if won:
+            self.next_attempt_at = until
+        return bool(won)
 
     def record_delivered(self, now, result: str) -> None:
         """One attempt that reached the receiver (``result``: what it answered): delivered,
