@@ -297,10 +297,13 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "MessageStatusEnum": "recovery.models.Status",
         "MessageKindEnum": "recovery.models.Kind",
+        "MessageStateEnum": "recovery.api.serializers.MESSAGE_STATES",
         "AuditRunStatusEnum": "recovery.api.audits.AuditRunState",
         "FinalityEnum": "recovery.api.audits.FINALITY",
         "AuditOutcomeEnum": "recovery.api.audits.AUDIT_OUTCOMES",
         "AlertKindEnum": "recovery.api.alerts.AlertKind",
+        "AlertRuleStateEnum": "recovery.api.alerts.AlertRuleState",
+        "AlertKnownStateEnum": "recovery.api.alerts.ALERT_KNOWN_STATES",
         "ChannelKindEnum": "recovery.api.alerts.ChannelKind",
         "UncoveredKindEnum": "recovery.api.alerts.UNCOVERED_KINDS",
         "ReplayJobStateEnum": "recovery.api.replay_jobs.ReplayJobState",

@@ -59,7 +59,8 @@ def alert_list(request):
             "channel_form": channel_form,
             "is_admin": is_admin,
             "now": timezone.now(),
-            "firing": sum(1 for r in rules if r.state == AlertRule.State.FIRING),
+            "firing": sum(1 for r in rules if r.current_state == AlertRule.State.FIRING),
+            "unknown": sum(1 for r in rules if r.current_state == AlertRule.State.UNKNOWN),
         },
     )
 

@@ -13,6 +13,7 @@ from console.views.paging import newest_first_page, query_without
 from recovery.errors import ReplayError
 from recovery.models import Message, ReplayJob, Role, has_role
 from recovery.replay.jobs import create_job, describe_target, dry_run
+from recovery.replay.safety import job_breaker
 
 PAGE_SIZE = 50
 POLL_SECONDS = 1
@@ -103,7 +104,8 @@ def job_new(request):
 
 
 def latest_attempts(job):
-    return (
+    """The job's newest attempts, each saying whether its message died again since."""
+    return job.mark_died_again(
         job.attempts.select_related("message")
         .only("created_at", "exchange", "routing_key", "outcome", "detail", "message__message_id")
         .order_by("-created_at", "-id")[:20]
@@ -120,6 +122,8 @@ def job_detail(request, pk):
         "target": describe_target(job),
         "poll_seconds": POLL_SECONDS,
         "attempts": latest_attempts(job),
+        "died_again": job.died_again(),
+        "breaker": job_breaker(job, settings.REPLAY_BREAKER_MIN_SAMPLE),
     }
     template = "jobs/detail.html"
     if request.htmx and request.htmx.target == "job-progress":
@@ -141,6 +145,8 @@ def _job_action(request, pk, method_name, done_message):
             "poll_seconds": POLL_SECONDS,
             "error": error,
             "attempts": latest_attempts(job),
+            "died_again": job.died_again(),
+            "breaker": job_breaker(job, settings.REPLAY_BREAKER_MIN_SAMPLE),
         }
         return render(request, "jobs/detail.html#job-progress", ctx, status=409 if error else 200)
     if error:

@@ -14,7 +14,7 @@ from console.access import operator_required, viewer_required
 from console.forms.replay import DiscardForm, EditReplayForm, TargetForm, add_engine_errors
 from recovery.client import headers as header_codec
 from recovery.errors import BrokerUnavailable, ReplayError
-from recovery.models import Message
+from recovery.models import Message, attach_died_again, mark_died_again
 from recovery.replay import (
     STRIPPED_HEADERS,
     discard_message,
@@ -84,13 +84,16 @@ def death_timeline(message):
 
 def _detail_context(message, target_form=None, discard_form=None, error=None):
     exchange, routing_key = message.default_target()
+    attach_died_again([message])  # afresh: after a replay the cached answer is stale
     return {
         "message": message,
         "body": body_views(message.body_bytes),
         "headers": display_rows(message.headers, skip=("x-death",)),
         "properties": display_rows(message.properties),
         "deaths": death_timeline(message),
-        "attempts": message.attempts.select_related("user", "edit__user")[:50],
+        "attempts": mark_died_again(
+            message, message.attempts.select_related("user", "edit__user")[:50]
+        ),
         "activity": message.activity.select_related("user").order_by("-created_at", "-id")[:20],
         "returns": message.returns.only("id", "collected_at", "status", "reason")[:20],
         "default_exchange": exchange,

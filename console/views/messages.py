@@ -15,7 +15,7 @@ from console.access import operator_required, viewer_required
 from console.forms.replay import BulkActionForm
 from console.views.paging import newest_first_page, query_without
 from recovery.errors import ReplayError
-from recovery.models import DISCARDABLE, RESTORABLE, Message
+from recovery.models import DISCARDABLE, RESTORABLE, Message, attach_died_again
 from recovery.replay import discard_matching, discard_message, restore_matching
 from recovery.replay.curation import names_a_filter
 from recovery.replay.jobs import create_job
@@ -50,11 +50,12 @@ def _page(form, before):
     queryset = form.apply(Message.objects.only(*LIST_COLUMNS))
     if not form.cleaned_data.get("q"):
         page = newest_first_page(queryset, before, PAGE_SIZE, "collected_at")
-        return page.rows, page.next_before
+        return attach_died_again(page.rows), page.next_before
     with transaction.atomic(), planner_settings(statement_timeout=SEARCH_TIMEOUT_MS):
         queryset = narrow_search(queryset, form.cleaned_data)
         page = newest_first_page(queryset, before, PAGE_SIZE, "collected_at")
-    return page.rows, page.next_before
+    # Outside the search's time limit: one probe of msg_origin per replayed row of the page.
+    return attach_died_again(page.rows), page.next_before
 
 
 @login_required

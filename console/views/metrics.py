@@ -184,8 +184,29 @@ class StoreCollector:
         yield from (family, warnings, day)
 
     def alerts(self):
+        # One state per enabled rule, as the console and the API show it: unknown (its check
+        # raised, or beat has not evaluated it lately) is a value of its own, never ok.
+        rules = list(AlertRule.objects.filter(enabled=True))
+        states = [r.current_state for r in rules]
         firing = GaugeMetricFamily("lazarus_alert_rules_firing", "Alert rules firing now")
-        firing.add_metric([], AlertRule.objects.filter(enabled=True, state="firing").count())
+        firing.add_metric([], states.count(AlertRule.State.FIRING))
+        by_state = GaugeMetricFamily(
+            "lazarus_alert_rules",
+            "Enabled alert rules by state (unknown: cannot check, or not evaluated lately)",
+            labels=["state"],
+        )
+        for state in AlertRule.State.values:
+            by_state.add_metric([state], states.count(state))
+        per_rule = GaugeMetricFamily(
+            "lazarus_alert_rule_state",
+            "1 for the state each enabled alert rule is in (ok, firing, unknown), 0 for the others",
+            labels=["rule_id", "rule", "kind", "state"],
+        )
+        for rule, current in zip(rules, states, strict=True):
+            for state in AlertRule.State.values:
+                per_rule.add_metric(
+                    [str(rule.pk), rule.name, rule.kind, state], int(state == current)
+                )
         pending = GaugeMetricFamily(
             "lazarus_notifications_pending", "Notifications waiting in the outbox"
         )
@@ -200,7 +221,7 @@ class StoreCollector:
                 consecutive_failures__gte=NotificationChannel.FAILING_AFTER
             ).count(),
         )
-        yield from (firing, pending, failing)
+        yield from (firing, by_state, per_rule, pending, failing)
 
     def broker(self):
         """The broker tally's last hour (recovery/broker/tally.py); unknown is said, not 0."""

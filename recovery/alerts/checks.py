@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db.models import Exists, Min, OuterRef, Q, Sum
 
-from recovery.alerts.params import vhost_problem
+from recovery.alerts.params import params_problems, vhost_problem
 from recovery.broker import health as broker_health
 from recovery.broker import tally
 from recovery.broker.coverage import uncovered
@@ -56,6 +56,13 @@ ITEMS_KEPT = 50
 class UnwatchedVhost(Exception):
     """The rule's scope names a vhost outside RECOVERY_VHOSTS (saved before that was refused,
     or the setting changed): its queues are not Lazarus's to read or show."""
+
+
+class InvalidParams(Exception):
+    """The rule's saved params are not what its kind takes (saved before they were checked, or
+    in code): said as such, instead of the TypeError or AttributeError the check would raise
+    (an audit rule with ``"missing_after": 6`` raised "'int' object has no attribute
+    'partition'" on every evaluation)."""
 
 
 class TallyUnknown(Exception):
@@ -193,9 +200,14 @@ def audit(rule, now, management):
         now.date(), datetime.time(int(hour), int(minute or 0)), datetime.UTC
     )
     problems = []
+    waiting = ""
     if run is None or run.status == AuditRun.State.RUNNING:
         if now >= due:
             problems.append(f"no finished audit of {yesterday}")
+        else:
+            # Not due yet: not a problem, and not "clean" either.
+            state = "still running" if run else "not run yet"
+            waiting = f"audit of {yesterday} {state} (due by {due:%H:%M} UTC)"
     elif run.status == AuditRun.State.FAILED:
         problems.append(f"the audit of {yesterday} failed: {run.error[:200]}")
     else:
@@ -212,7 +224,7 @@ def audit(rule, now, management):
     return Check(
         bool(problems),
         len(problems),
-        "; ".join(problems) or f"audit of {yesterday} clean",
+        "; ".join(problems) or waiting or f"audit of {yesterday} clean",
         problems,
     )
 
@@ -297,4 +309,9 @@ CHECKS = {
 
 
 def run_check(rule, now, management=None) -> Check:
+    """The rule's check; raises (the rule is then unknown) when it cannot look, and before
+    looking when the rule's params are not its kind's (``InvalidParams``)."""
+    problems = params_problems(rule.kind, rule.params)
+    if problems:
+        raise InvalidParams(f"the rule's params cannot be used ({'; '.join(problems)}): edit it")
     return CHECKS[rule.kind](rule, now, management or Management())

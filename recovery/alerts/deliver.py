@@ -85,6 +85,7 @@ def text_of(payload: dict) -> str:
         "resolved": "RESOLVED",
         "reminder": "STILL FIRING",
         "updated": "FIRING (more)",
+        "unknown": "UNKNOWN (cannot check)",
         "test": "TEST",
     }.get(payload["event"], payload["event"].upper())
     lines = [f"[Lazarus] {head}: {rule['name']} — {payload.get('summary') or ''}"]

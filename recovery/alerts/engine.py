@@ -7,8 +7,9 @@ Per rule: one notification when it starts firing (after ``for_seconds`` of its c
 when it resolves, a reminder every ``remind_every`` while it fires, an ``updated`` one when a
 firing new_failure_group rule finds more groups — never one per evaluation. A muted rule keeps
 its state and history and notifies nobody. A check that cannot look (the broker's management
-API down) leaves the state as it was, records the error on the rule and in its history once,
-and is shown: an unknown is never taken for ok.
+API down, a bug in the check) makes the rule ``unknown``, with the error on the rule and in its
+history once, and one ``unknown`` notification once it has lasted ``AlertRule.unknown_after``:
+an unknown is never taken for ok, nor for "still firing" (docs/alerts.md "Unknown").
 """
 
 import logging

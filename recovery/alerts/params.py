@@ -4,7 +4,8 @@ console form both enforce (and docs/alerts.md lists), so a saved rule can always
 Without it, ``{"threshold": "abc"}``, ``window_minutes: 0`` or ``1e20`` were saved and then
 failed every evaluation (TypeError, ZeroDivisionError, OverflowError), and ``\\u0000`` or a
 5,000-deep object was a 500. Checks read the params with these defaults
-(recovery/alerts/checks.py); a rule created in code bypasses this, a person never does.
+(recovery/alerts/checks.py); a rule created in code (or saved before) bypasses this, a person
+never does, and ``run_check`` refuses to check such a rule: it is unknown, saying which param.
 
 Also here: the scope's vhost (one Lazarus watches) and a channel's target, for the same reason.
 """

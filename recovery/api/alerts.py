@@ -60,6 +60,21 @@ class AlertRuleSerializer(serializers.ModelSerializer):
         help_text="the kind's parameters (docs/alerts.md); unknown names and values of the "
         "wrong type or out of range are refused",
     )
+    state = serializers.ChoiceField(
+        source="current_state",
+        choices=AlertRule.State.choices,
+        read_only=True,
+        help_text="ok, firing, or unknown: its check raised (last_error), or it has not been "
+        "evaluated lately (beat stopped); unknown is never reported as ok (docs/alerts.md)",
+    )
+    unknown_reason = serializers.CharField(
+        read_only=True, help_text='why the state is unknown ("" when it is known)'
+    )
+    last_known_state = serializers.ChoiceField(
+        choices=AlertRule.State.choices[:2],  # ALERT_KNOWN_STATES (defined below)
+        read_only=True,
+        help_text="what the last check that could look decided (while unknown: what it was)",
+    )
 
     class Meta:
         model = AlertRule
@@ -78,6 +93,8 @@ class AlertRuleSerializer(serializers.ModelSerializer):
             "muted_until",
             "channels",
             "state",
+            "unknown_reason",
+            "last_known_state",
             "state_since",
             "last_evaluated_at",
             "last_value",
@@ -88,6 +105,8 @@ class AlertRuleSerializer(serializers.ModelSerializer):
         read_only_fields = [
             "id",
             "state",
+            "unknown_reason",
+            "last_known_state",
             "state_since",
             "last_evaluated_at",
             "last_value",
@@ -367,6 +386,10 @@ def rotate_channel_secret(request, pk):
 UNCOVERED_KINDS = ("queue", "exchange")
 AlertKind = AlertRule.Kind
 ChannelKind = NotificationChannel.Kind
+# A rule's state (ok, firing, unknown) and the last state a check decided (ok, firing): enums
+# named in the schema (console/settings.py SPECTACULAR ENUM_NAME_OVERRIDES).
+AlertRuleState = AlertRule.State
+ALERT_KNOWN_STATES = AlertRule.State.choices[:2]
 
 
 class UncoveredSerializer(serializers.Serializer):

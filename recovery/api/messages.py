@@ -19,7 +19,7 @@ from recovery.api.serializers import (
     ReplayRequestSerializer,
 )
 from recovery.errors import BrokerUnavailable, ReplayError, StateError
-from recovery.models import Message, ReplayAttempt
+from recovery.models import Message, ReplayAttempt, attach_died_again
 from recovery.replay import (
     discard_matching,
     discard_message,
@@ -52,6 +52,11 @@ class MessageList(generics.ListAPIView):
 
     def get_queryset(self):
         return filtered_messages(self.request.query_params)
+
+    def paginate_queryset(self, queryset):
+        # Whether each replayed message died again: one query for the page, not one per row.
+        page = super().paginate_queryset(queryset)
+        return None if page is None else attach_died_again(page)
 
 
 @extend_schema(summary="One message with its properties, headers and body")

@@ -28,6 +28,7 @@ from recovery.errors import StateError
 from recovery.models import ReplayJob, Role
 from recovery.replay import jobs
 from recovery.replay import options as job_options
+from recovery.replay.safety import job_breaker
 
 # Named for SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"].
 ReplayJobState = ReplayJob.State
@@ -119,11 +120,37 @@ class ProgressSerializer(serializers.Serializer):
     percent = serializers.FloatField()
 
 
+class BreakerSerializer(serializers.Serializer):
+    """The circuit breaker as it stands (recovery.replay.safety.breaker_state)."""
+
+    phase = serializers.ChoiceField(
+        choices=["off", "judging", "watching", "tripped"],
+        help_text="judging: fewer than min_sample replays since the start or the last resume "
+        "(it trips then only once the verdict is certain: trips_early_at came back); watching: "
+        "the share is judged at every check; tripped: the share reached the threshold.",
+    )
+    threshold_pct = serializers.FloatField(allow_null=True, help_text="null: the breaker is off.")
+    min_sample = serializers.IntegerField(help_text="Replays it waits for before judging.")
+    replayed = serializers.IntegerField(help_text="Confirmed since the start or last resume.")
+    came_back = serializers.IntegerField(help_text="Of those, dead-lettered again.")
+    share_pct = serializers.FloatField(allow_null=True, help_text="null: nothing replayed yet.")
+    trips_early_at = serializers.IntegerField(
+        allow_null=True,
+        help_text="This many came back before min_sample replays pauses the job (the share "
+        "of the sample can no longer stay below the threshold); null: the breaker is off.",
+    )
+    reason = serializers.CharField(allow_null=True, help_text="Why it trips, once it does.")
+    summary = serializers.CharField(
+        help_text='In words: "circuit breaker: judging after 20 replays; …".'
+    )
+
+
 class ReplayJobSerializer(serializers.ModelSerializer):
     created_by = serializers.CharField(source="created_by.get_username", allow_null=True)
     message_count = serializers.SerializerMethodField()
     target = serializers.SerializerMethodField()
     progress = ProgressSerializer()
+    breaker = serializers.SerializerMethodField()
 
     class Meta:
         model = ReplayJob
@@ -153,8 +180,13 @@ class ReplayJobSerializer(serializers.ModelSerializer):
             "canary_max_failure_pct",
             "canary_passed_at",
             "breaker_threshold_pct",
+            "breaker",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(BreakerSerializer)
+    def get_breaker(self, job):
+        return BreakerSerializer(job_breaker(job, settings.REPLAY_BREAKER_MIN_SAMPLE)).data
 
     def get_message_count(self, job) -> int:
         """How many ids the job was given (0 when it selects by filter or group)."""
@@ -164,12 +196,29 @@ class ReplayJobSerializer(serializers.ModelSerializer):
         return jobs.describe_target(job)
 
 
+class DiedAgainSerializer(serializers.Serializer):
+    count = serializers.IntegerField(
+        help_text="Of the job's confirmed replays, how many were dead-lettered again and "
+        "collected; counted as long as copies arrive, after the job ended too (unlike "
+        "`progress.dead_again`, the breaker's count while it runs)."
+    )
+    copies = serializers.ListField(
+        child=serializers.IntegerField(), help_text="Ids of the newest 20 new copies."
+    )
+
+
 class ReplayJobDetailSerializer(ReplayJobSerializer):
     message_ids = serializers.ListField(child=serializers.IntegerField(), read_only=True)
+    died_again = serializers.SerializerMethodField()
 
     class Meta(ReplayJobSerializer.Meta):
-        fields = [*ReplayJobSerializer.Meta.fields, "message_ids"]
+        fields = [*ReplayJobSerializer.Meta.fields, "message_ids", "died_again"]
         read_only_fields = fields
+
+    @extend_schema_field(DiedAgainSerializer)
+    def get_died_again(self, job):
+        count, copies = job.died_again()
+        return {"count": count, "copies": [copy.pk for copy in copies]}
 
 
 class JobFilterParams(serializers.Serializer):

@@ -6,11 +6,17 @@ from rest_framework import serializers
 
 from recovery.api.params import StrictCharField, StrictIntegerChoiceField
 from recovery.broker.codec import json_headers_problem
-from recovery.models import Message, ReplayAttempt
+from recovery.models import DIED_AGAIN, Message, ReplayAttempt, Status
 from recovery.replay.options import QUEUE_OR_EXCHANGE, names_queue_and_exchange
+
+# What a message's `state` can be (named MessageStateEnum in the schema).
+MESSAGE_STATES = [*Status.values, DIED_AGAIN]
 
 
 class MessageSerializer(serializers.ModelSerializer):
+    state = serializers.SerializerMethodField()
+    died_again_copy = serializers.SerializerMethodField()
+
     class Meta:
         model = Message
         fields = [
@@ -31,6 +37,8 @@ class MessageSerializer(serializers.ModelSerializer):
             "body_size",
             "group_key",
             "status",
+            "state",
+            "died_again_copy",
             "status_reason",
             "discarded_at",
             "replay_count",
@@ -39,6 +47,25 @@ class MessageSerializer(serializers.ModelSerializer):
             "last_replayed_at",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(
+        serializers.ChoiceField(
+            choices=MESSAGE_STATES,
+            help_text="The status, except that a replayed message whose latest replay was "
+            "dead-lettered again (and collected) is `died_again`.",
+        )
+    )
+    def get_state(self, obj):
+        return obj.state
+
+    @extend_schema_field(
+        serializers.IntegerField(
+            allow_null=True,
+            help_text="When `state` is `died_again`: the id of the new copy the collector stored.",
+        )
+    )
+    def get_died_again_copy(self, obj):
+        return obj.died_again_copy_id
 
 
 class MessageDetailSerializer(MessageSerializer):

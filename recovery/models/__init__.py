@@ -44,8 +44,15 @@ from recovery.models.counts import (
     hourly_sums,
     rollup_sums,
 )
-from recovery.models.replay import MessageEdit, ReplayAttempt, ReplayJob, ReplayJobItem
+from recovery.models.replay import (
+    MessageEdit,
+    ReplayAttempt,
+    ReplayJob,
+    ReplayJobItem,
+    mark_died_again,
+)
 from recovery.models.store import (
+    DIED_AGAIN,
     DISCARDABLE,
     OPEN,
     REPLAYABLE,
@@ -56,12 +63,14 @@ from recovery.models.store import (
     MessageSearch,
     Reason,
     Status,
+    attach_died_again,
     default_target_of,
 )
 
 __all__ = [
     "BrokerTally",
     "COUNT_KEY_SQL",
+    "DIED_AGAIN",
     "DISCARDABLE",
     "OPEN",
     "REBUILD_COUNTS_SQL",
@@ -97,7 +106,9 @@ __all__ = [
     "ReplayJobItem",
     "Role",
     "Status",
+    "attach_died_again",
     "default_target_of",
+    "mark_died_again",
     "group_details",
     "has_role",
     "hash_token",

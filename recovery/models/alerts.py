@@ -18,7 +18,9 @@ class AlertRule(models.Model):
     ``recovery.alerts.engine.evaluate`` calls once per cycle with the rule's check: ok -> firing
     notifies once, firing -> ok notifies once, a firing rule reminds every ``remind_every``
     (none: never); a muted rule keeps its state and history but notifies nobody until
-    ``muted_until``."""
+    ``muted_until``. A check that raises makes the rule ``unknown`` (whatever it was: a check
+    that cannot look cannot say it still fires, nor that it stopped), which notifies once when
+    it has lasted ``unknown_after`` (docs/alerts.md "Unknown")."""
 
     class Kind(models.TextChoices):
         NEW_FAILURE_GROUP = "new_failure_group", "a new failure group appears"
@@ -36,6 +38,8 @@ class AlertRule(models.Model):
     class State(models.TextChoices):
         OK = "ok"
         FIRING = "firing"
+        # The check raised (last_error): the condition is not known, never taken for ok.
+        UNKNOWN = "unknown"
 
     name = models.CharField(max_length=200)
     kind = models.CharField(max_length=32, choices=Kind.choices)
@@ -53,6 +57,9 @@ class AlertRule(models.Model):
     channels = models.ManyToManyField("NotificationChannel", blank=True, related_name="rules")
 
     state = models.CharField(max_length=8, choices=State.choices, default=State.OK)
+    # What the last check that could look decided (ok or firing): while unknown, what the rule
+    # was before ("was firing"), and what deciding again after the error starts from.
+    last_known_state = models.CharField(max_length=8, choices=State.choices[:2], default=State.OK)
     state_since = models.DateTimeField(default=timezone.now)
     condition_since = models.DateTimeField(null=True, blank=True)  # true, not yet long enough
     last_evaluated_at = models.DateTimeField(null=True, blank=True)
@@ -69,6 +76,19 @@ class AlertRule(models.Model):
 
     def __str__(self):
         return f"{self.name} ({self.kind}, {self.state})"
+
+    @property
+    def current_state(self) -> str:
+        """The one state shown everywhere (list, page, API, /metrics): ``unknown`` when the
+        check raised or the rule has not been evaluated lately, else ok or firing."""
+        return self.State.UNKNOWN if self.unknown_reason else self.state
+
+    @property
+    def unknown_reason(self) -> str:
+        """Why its state is unknown ("" when it is known): the check's error, or ``unchecked``."""
+        if self.state == self.State.UNKNOWN:
+            return f"cannot check: {self.last_error}"
+        return self.unchecked
 
     @property
     def unchecked(self) -> str:
@@ -102,6 +122,7 @@ class AlertRule(models.Model):
     EVALUATED_FIELDS = (
         "state",
         "state_since",
+        "last_known_state",
         "condition_since",
         "last_value",
         "last_summary",
@@ -110,20 +131,57 @@ class AlertRule(models.Model):
         "last_notified_at",
     )
 
+    # Set by ``decide`` for ``apply_outcome``: the state entered (or "error": still unknown,
+    # for another reason), None when the history has nothing to add.
+    transition: str | None = None
+
     def evaluated_state(self) -> tuple:
         """The values of EVALUATED_FIELDS: compared before and after ``decide``."""
         return tuple(getattr(self, name) for name in self.EVALUATED_FIELDS)
 
+    @property
+    def unknown_after(self) -> datetime.timedelta:
+        """How long a check must keep failing before ``unknown`` is notified: ``for_seconds``,
+        and at least one evaluation period, so one blip of the management API pages nobody."""
+        return datetime.timedelta(seconds=max(self.for_seconds, settings.ALERTS_EVALUATE_SECONDS))
+
     def decide(self, now, check) -> str | None:
         """Apply one check (a ``recovery.alerts.checks.Check``, or the exception the check
         raised) to the rule in memory; returns the event to notify (firing, resolved, reminder,
-        updated) or None. Saves nothing: ``apply_outcome`` does.
+        updated, unknown) or None. Saves nothing: ``apply_outcome`` does (``transition`` says
+        which state it entered, if any).
 
-        A check that could not look only records its error: the state stays as it was, since
-        an unknown is never taken for ok."""
+        A check that could not look makes the rule unknown; the first check that looks again
+        decides from the state before (``last_known_state``)."""
+        self.transition = None
         if isinstance(check, Exception):
-            self.last_error = f"{type(check).__name__}: {check}"[:1000]
-            return None
+            event = self._decide_unknown(now, check)
+        else:
+            event = self._decide_known(now, check)
+        if self.muted(now) and event not in ("firing", "resolved"):
+            # Muted: the state still changes (and is returned), but nothing is said, so there
+            # is nothing to remind of or update.
+            event = None
+        return event
+
+    def _told_since(self, since) -> bool:
+        return self.last_notified_at is not None and self.last_notified_at >= since
+
+    def _decide_unknown(self, now, exc) -> str | None:
+        error = f"{type(exc).__name__}: {exc}"[:1000]
+        if self.state == self.State.UNKNOWN and error != self.last_error:
+            self.transition = "error"  # still unknown, for another reason: kept once
+        self.last_error = error
+        # condition_since stays: the condition is not known to have stopped (or started).
+        if self.state != self.State.UNKNOWN:
+            self.last_known_state = self.state
+            self.state, self.state_since = self.State.UNKNOWN, now
+            self.transition = self.State.UNKNOWN
+        if now - self.state_since >= self.unknown_after and not self._told_since(self.state_since):
+            return "unknown"
+        return None
+
+    def _decide_known(self, now, check) -> str | None:
         event = None
         held = datetime.timedelta(seconds=self.for_seconds)
         if check.firing:
@@ -131,10 +189,20 @@ class AlertRule(models.Model):
         else:
             self.condition_since = None
         should_fire = check.firing and now - self.condition_since >= held
-        if should_fire and self.state == self.State.OK:
+        if self.state == self.State.UNKNOWN:
+            # Back from unknown: a state of its own again. Said when it differs from what was
+            # last said: the state before, unless "unknown" was said meanwhile.
+            told_unknown = self._told_since(self.state_since)
+            new = self.State.FIRING if should_fire else self.State.OK
+            self.state, self.state_since, self.transition = new, now, new
+            if new != self.last_known_state or told_unknown:
+                event = "firing" if new == self.State.FIRING else "resolved"
+        elif should_fire and self.state == self.State.OK:
             self.state, self.state_since, event = self.State.FIRING, now, "firing"
+            self.transition = self.state
         elif not check.firing and self.state == self.State.FIRING:
             self.state, self.state_since, event = self.State.OK, now, "resolved"
+            self.transition = self.state
         elif self.state == self.State.FIRING:
             if self.kind == self.Kind.NEW_FAILURE_GROUP and set(check.items) - set(self.last_items):
                 event = "updated"
@@ -142,38 +210,34 @@ class AlertRule(models.Model):
                 self.remind_every
             ):
                 event = "reminder"
+        self.last_known_state = self.state
         self.last_value = check.value
         self.last_summary = check.summary
         self.last_items = check.items
         self.last_error = ""
-        if self.muted(now) and event not in ("firing", "resolved"):
-            # Muted: the state still changes (and is returned), but nothing is said, so there
-            # is nothing to remind of or update.
-            event = None
         return event
 
     def apply_outcome(self, now, check, event) -> None:
         """Write what ``decide`` changed: the transition, the notifications, the rule. The
         caller holds the rule's row lock (``select_for_update``) and a transaction."""
         self.last_evaluated_at = now
-        if isinstance(check, Exception):
+        failed = isinstance(check, Exception)
+        if self.transition:
             AlertTransition.objects.create(
-                rule=self, at=now, state="error", summary=self.last_error
-            )
-            self.save(update_fields=["last_error", "last_evaluated_at"])
-            return
-        if event in ("firing", "resolved"):
-            AlertTransition.objects.create(
-                rule=self, at=now, state=self.state, value=check.value, summary=check.summary
+                rule=self,
+                at=now,
+                state=self.transition,
+                value=None if failed else check.value,
+                summary=self.last_error if failed else check.summary,
             )
         if event and not self.muted(now):
-            self.queue_notifications(event, now, check)
+            self.queue_notifications(event, now, None if failed else check)
         self.save()
 
     def notification_payload(self, event, now, check=None) -> dict:
         """The documented notification body (docs/alerts.md); without a check, the last one
         the rule saw."""
-        return {
+        body = {
             "event": event,
             "at": now.isoformat(),
             "rule": {
@@ -188,7 +252,13 @@ class AlertRule(models.Model):
             "value": check.value if check else self.last_value,
             "summary": check.summary if check else self.last_summary,
             "items": check.items if check else self.last_items,
+            # Why the state is unknown ("" when it is known): the check's error.
+            "error": self.last_error,
+            "last_known_state": self.last_known_state,
         }
+        if event == "unknown":
+            body.update(value=None, summary=f"cannot check: {self.last_error}", items=[])
+        return body
 
     def queue_notifications(self, event, now, check=None) -> int:
         """One outbox row per enabled channel (delivered later, outside any transaction, by
@@ -208,11 +278,12 @@ def console_url(path=""):
 
 
 class AlertTransition(models.Model):
-    """A rule's history: every change of state (and every error that kept it from looking)."""
+    """A rule's history: every change of state (and every other error while it is unknown)."""
 
     rule = models.ForeignKey(AlertRule, on_delete=models.CASCADE, related_name="transitions")
     at = models.DateTimeField(default=timezone.now)
-    state = models.CharField(max_length=16)  # firing | ok | error
+    # firing | ok | unknown (entered), error (still unknown, another error)
+    state = models.CharField(max_length=16)
     value = models.FloatField(null=True, blank=True)
     summary = models.TextField(blank=True, default="")
 
@@ -333,7 +404,8 @@ class Notification(models.Model):
     channel = models.ForeignKey(
         NotificationChannel, on_delete=models.CASCADE, related_name="notifications"
     )
-    event = models.CharField(max_length=16)  # firing | resolved | reminder | updated | test
+    # firing | resolved | reminder | updated | unknown | test
+    event = models.CharField(max_length=16)
     payload = models.JSONField()
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     attempts = models.IntegerField(default=0)

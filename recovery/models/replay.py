@@ -7,7 +7,7 @@ from datetime import timedelta
 from celery import current_app
 from django.conf import settings
 from django.db import models, transaction
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from recovery.errors import StateError
@@ -62,6 +62,28 @@ class ReplayAttempt(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+
+
+def mark_died_again(message, attempts):
+    """Set ``died_again_copy_id`` on each of ``message``'s attempts (newest first, as
+    ``message.attempts`` orders them): the copy collected after that confirmed replay was
+    dead-lettered again, or None.
+
+    Each confirmed replay moved the message's replay_count up by one (one.record_outcome,
+    job_store.RECORD_SQL) and sent the new count as x-recovery-replay-count, which the collector
+    keeps as the copy's replay_count: the newest confirmed attempt sent the message's
+    replay_count, the confirmed one before it one less, and so on.
+    """
+    attempts = list(attempts)
+    # By id: of two copies of one replay (rare: one per dead-lettering queue) the newest wins.
+    copies = dict(message.returns.order_by("id").values_list("replay_count", "id"))
+    sent = message.replay_count
+    for attempt in attempts:
+        attempt.died_again_copy_id = None
+        if attempt.outcome == ReplayAttempt.Outcome.CONFIRMED:
+            attempt.died_again_copy_id = copies.get(sent)
+            sent -= 1
+    return attempts
 
 
 class ReplayJob(models.Model):
@@ -169,6 +191,55 @@ class ReplayJob(models.Model):
             "dead_again": self.dead_again,
             "percent": round(100.0 * finished / self.total, 1) if self.total else 0.0,
         }
+
+    def died_again_copies(self):
+        """The copies collected after this job's confirmed replays were dead-lettered again.
+
+        Exact, and as current as the collector: a copy points at its message (``origin``) and
+        carries the replay count this job sent (the item's snapshot + 1), so a copy of another
+        replay of the same message is not counted. Unlike ``dead_again`` (the runner's count for
+        the breaker, written only while the job runs) it keeps counting after the job ended.
+        Read from the copies collected since the job started, as the breaker reads them.
+        """
+        if self.started_at is None:
+            return Message.objects.none()
+        sent_by_this_job = ReplayJobItem.objects.filter(
+            job_id=self.pk,
+            message_id=OuterRef("origin_id"),
+            state=ReplayJobItem.State.CONFIRMED,
+            snapshot_replay_count=OuterRef("replay_count") - 1,
+        )
+        return Message.objects.filter(
+            origin__isnull=False, collected_at__gte=self.started_at
+        ).filter(Exists(sent_by_this_job))
+
+    def died_again(self, newest=20):
+        """(how many of its replayed messages died again, the newest ``newest`` copies)."""
+        copies = self.died_again_copies()
+        count = copies.order_by().values("origin_id").distinct().count()
+        shown = list(copies.only("id", "origin_id").order_by("-id")[:newest]) if count else []
+        return count, shown
+
+    def mark_died_again(self, attempts):
+        """Set ``died_again_copy_id`` on each of this job's ``attempts`` (one query)."""
+        attempts = list(attempts)
+        confirmed = ReplayAttempt.Outcome.CONFIRMED
+        ids = [a.message_id for a in attempts if a.outcome == confirmed]
+        copies = (
+            dict(
+                self.died_again_copies()
+                .filter(origin_id__in=ids)
+                .order_by("id")
+                .values_list("origin_id", "id")
+            )
+            if ids
+            else {}
+        )
+        for attempt in attempts:
+            attempt.died_again_copy_id = (
+                copies.get(attempt.message_id) if attempt.outcome == confirmed else None
+            )
+        return attempts
 
     def cancel(self, user, via="console"):
         """Stop the job for good. Messages not yet sent stay as they are (pending).

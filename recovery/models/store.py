@@ -42,6 +42,10 @@ RESTORABLE = (Status.DISCARDED,)
 # "Open": still needs someone (the overview's and the groups' open counts).
 OPEN = (Status.PENDING, Status.POISONED, Status.REPLAYING)
 
+# Not a stored status: a replayed message whose latest replay was dead-lettered again and
+# collected (Message.state). Derived, so nothing has to be written when the copy arrives.
+DIED_AGAIN = "died_again"
+
 
 def default_target_of(kind, source_queue, source_exchange, routing_keys):
     """Message.default_target for raw column values (bulk replay reads rows, not models)."""
@@ -139,6 +143,19 @@ class Message(models.Model):
     def body_bytes(self):
         return bytes(self.body)
 
+    @property
+    def died_again_copy_id(self):
+        """The copy collected after this message's latest replay was dead-lettered again (or
+        unroutable), None if there is none. Read per page by ``attach_died_again``."""
+        if not hasattr(self, "_died_again_copy_id"):
+            attach_died_again([self])
+        return self._died_again_copy_id
+
+    @property
+    def state(self):
+        """The status an operator sees: ``died_again`` instead of a "replayed" that came back."""
+        return DIED_AGAIN if self.died_again_copy_id else self.status
+
     def default_target(self):
         """(exchange, routing_key) of the default replay target (docs/design.md "Replay semantics").
 
@@ -149,6 +166,34 @@ class Message(models.Model):
         return default_target_of(
             self.kind, self.source_queue, self.source_exchange, self.routing_keys
         )
+
+
+def attach_died_again(messages):
+    """Set ``died_again_copy_id`` on each message (one query for a page, through msg_origin).
+
+    A replay publishes ``x-recovery-replay-count`` = the message's replay_count + 1, and a
+    confirmed replay moves replay_count to that same number; the collector stores the header as
+    the copy's replay_count. So a copy whose replay_count reaches the message's came back from
+    its latest replay, while a late copy of an older replay does not make a newer one look dead.
+    Only ``replayed`` rows are looked up: every other status already says it needs someone.
+    """
+    messages = list(messages)
+    replayed = {}
+    for message in messages:
+        message._died_again_copy_id = None
+        if message.status == Status.REPLAYED:
+            replayed[message.pk] = message
+    if replayed:
+        copies = (
+            Message.objects.filter(origin_id__in=list(replayed))
+            .values_list("origin_id", "replay_count", "id")
+            .order_by("id")
+        )
+        for origin_id, replay_count, copy_id in copies:
+            message = replayed[origin_id]
+            if replay_count >= message.replay_count:
+                message._died_again_copy_id = copy_id  # the newest copy wins
+    return messages
 
 
 class MessageSearch(models.Model):

@@ -56,7 +56,8 @@ CONTROL_S = 0.5
 # the time from publish to record, not CPU, is what bounds a job (window / that time).
 FLUSH_S = 0.01
 FLUSH_ROWS = 100
-# The circuit breaker counts what came back at most this often (a join over the job's items).
+# The circuit breaker counts what came back at most this often (a join over the job's items)
+# once its sample is full; before, at every control tick (JobRunner._breaker_check_s).
 BREAKER_CHECK_S = 2.0
 # How long the publisher may be disconnected before the job says it is waiting for RabbitMQ.
 BROKER_QUIET_S = 2.0
@@ -410,7 +411,7 @@ class JobRunner:
     def _control(self):
         """Heartbeat; a stop verdict (kind, reason) or None to go on."""
         now = time.monotonic()
-        if self.breaker_pct and now - self.last_breaker_check >= BREAKER_CHECK_S:
+        if self.breaker_pct and now - self.last_breaker_check >= self._breaker_check_s():
             self.last_breaker_check = now
             self.dead = self.store.dead_again(self.job.started_at)
         state = self.store.heartbeat(self._in_flight(), self.dead, self._broker_reason(now))
@@ -439,6 +440,14 @@ class JobRunner:
         if now - self.disconnected_since < BROKER_QUIET_S:
             return ""
         return f"waiting for RabbitMQ ({down[0].last_error}); will resend what is unconfirmed"
+
+    def _breaker_check_s(self):
+        """How often to count what came back. While the sample is not full the breaker can trip
+        only early (recovery.replay.safety.breaker_reason), on a fresh count: every control
+        tick then, the few seconds it lasts at a slow rate (and the job page shows the count)."""
+        if self.confirmed - self.job.breaker_base_confirmed < settings.REPLAY_BREAKER_MIN_SAMPLE:
+            return CONTROL_S
+        return BREAKER_CHECK_S
 
     def _breaker(self):
         job = self.job

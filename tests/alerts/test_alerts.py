@@ -266,15 +266,15 @@ def test_broker_side_rules_read_the_real_broker():
     assert any(item.endswith(settings.RECOVERY_DEAD_LETTER_QUEUE) for item in idle.last_items)
 
 
-def test_a_rule_that_cannot_look_says_so_and_keeps_its_state():
+def test_a_rule_that_cannot_look_is_unknown_until_it_looks_again():
     blind = rule("broker_alarm")
     evaluate(management=Management(url=f"http://guest:guest@127.0.0.1:{free_port()}/api"))
     blind.refresh_from_db()
-    assert blind.state == "ok" and "unreachable" in blind.last_error
-    assert [t.state for t in blind.transitions.all()] == ["error"]
+    assert blind.state == "unknown" and "unreachable" in blind.last_error
+    assert [t.state for t in blind.transitions.all()] == ["unknown"]
     evaluate()  # the broker is reachable again
     blind.refresh_from_db()
-    assert blind.last_error == ""
+    assert (blind.state, blind.last_error) == ("ok", "")
 
 
 @pytest.mark.usefixtures("wired")
@@ -374,7 +374,8 @@ def test_everyone_sees_rules_admins_change_them(client, api, viewer, admin_user,
         {"name": "audit loss", "kind": "audit", "params": {"lost_above": 0}},
     )
     assert made.status_code == 201, made.content
-    assert made.json()["state"] == "ok"
+    # Not evaluated yet: unknown, as the console shows it, not a green "ok".
+    assert (made.json()["state"], made.json()["unknown_reason"]) == ("unknown", "never evaluated")
 
 
 def test_an_unchanged_rule_is_still_marked_evaluated_every_cycle():

@@ -5,6 +5,8 @@ rotated and deleted; by admins only. Non-admins never see a target, not even ins
 import json
 
 import pytest
+import yaml
+from django.utils import timezone
 
 from recovery.models import Activity, AlertRule, Notification, NotificationChannel
 from tests.helpers import make_user
@@ -165,3 +167,42 @@ def test_errors_name_only_scheme_and_host_to_non_admins(admin_api, viewer_api, o
         assert one["target"] is None
     full = admin_api.get(f"/api/v1/alert-channels/{slack.pk}").json()
     assert full["last_error"] == f"HTTP 500 from {SLACK}" and full["target"] == SLACK
+
+
+def test_a_rule_that_cannot_check_is_unknown_in_the_api_and_its_schema(viewer_api, client):
+    now = timezone.now()
+    blind = AlertRule.objects.create(
+        name="blind",
+        kind="broker_alarm",
+        state="unknown",
+        last_known_state="firing",
+        last_error="ManagementError: management API unreachable",
+        last_evaluated_at=now,
+    )
+    AlertRule.objects.create(name="never", kind="audit")  # beat never looked at it
+    AlertRule.objects.create(name="fine", kind="audit", last_evaluated_at=now)
+
+    one = viewer_api.get(f"/api/v1/alert-rules/{blind.pk}").json()
+    assert (one["state"], one["last_known_state"]) == ("unknown", "firing")
+    assert one["unknown_reason"] == "cannot check: ManagementError: management API unreachable"
+    listed = {r["name"]: r for r in viewer_api.get("/api/v1/alert-rules").json()["results"]}
+    assert (listed["never"]["state"], listed["never"]["unknown_reason"]) == (
+        "unknown",
+        "never evaluated",
+    )
+    assert (listed["fine"]["state"], listed["fine"]["unknown_reason"]) == ("ok", "")
+
+    schema = yaml.safe_load(client.get("/api/schema/").content)
+    fields = schema["components"]["schemas"]["AlertRule"]["properties"]
+    assert {"unknown_reason", "last_known_state"} <= set(fields)
+    states = fields["state"].get("enum") or _enum(schema, fields["state"])
+    assert set(states) == {"ok", "firing", "unknown"}
+
+
+def _enum(schema, field):
+    """A choice field's values, where drf-spectacular names the enum as a component."""
+    refs = [field] + field.get("allOf", [])
+    for ref in refs:
+        if "$ref" in ref:
+            return schema["components"]["schemas"][ref["$ref"].rsplit("/", 1)[1]]["enum"]
+    return []

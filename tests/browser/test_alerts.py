@@ -1,4 +1,5 @@
-"""The alerts pages in Chromium: an admin adds a channel and a rule, the rule's page shows it."""
+"""The alerts pages in Chromium: an admin adds a channel and a rule, the rule's page shows it; a
+rule that cannot check is "unknown" on both pages, with no "ok" badge."""
 
 import pytest
 from playwright.sync_api import expect
@@ -37,4 +38,28 @@ def test_an_admin_sets_up_a_channel_and_a_rule(tab, admin_user):
     tab.page.reload()
     expect(tab.page.locator("#rule-state")).to_have_text("ok")
     tab.screenshot("alert-rule")
+    assert tab.errors == [], tab.errors
+
+
+def test_a_rule_that_cannot_check_is_unknown_on_the_list_and_its_page(tab, viewer):
+    # Saved before params were checked: its check raised AttributeError every evaluation and the
+    # list showed a green "ok" beside an amber "cannot check".
+    broken = AlertRule.objects.create(
+        name="audit typed as a number", kind="audit", params={"missing_after": 6}
+    )
+    evaluate()
+    tab.login("vera")
+    tab.goto("/alerts/")
+    listed = tab.page.locator(f"#rule-{broken.pk}")
+    expect(listed.locator(".badge")).to_have_text(["unknown"])
+    expect(listed.locator(".badge.ok")).to_have_count(0)
+    expect(listed).to_contain_text("cannot check: InvalidParams")
+    expect(tab.page.locator("#unknown-count")).to_have_text("1 unknown")
+
+    listed.locator("a").click()
+    expect(tab.page.locator("#rule-state")).to_have_text("unknown")
+    expect(tab.page.locator("h1 .badge")).to_have_text(["unknown"])
+    expect(tab.page.locator(".badge.ok")).to_have_count(0)
+    expect(tab.page.locator("p.error[role=alert]")).to_contain_text("Cannot check: InvalidParams")
+    tab.screenshot("unknown-rule")
     assert tab.errors == [], tab.errors

@@ -1,6 +1,7 @@
 """/metrics: the Prometheus text format, read with prometheus-client's own parser."""
 
 import pytest
+from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from recovery.models import AlertRule, AuditRun, ReplayJob
@@ -41,7 +42,9 @@ def test_it_reports_the_store_jobs_audits_and_alerts(client, settings):
         totals={"lost": 3, "dup_msgs": 1, "unverified": 2, "unclaimed": 5},
         warnings=[{"code": "unclaimed", "count": 5}],
     )
-    AlertRule.objects.create(name="m", kind="audit", state="firing")
+    AlertRule.objects.create(
+        name="m", kind="audit", state="firing", last_evaluated_at=timezone.now()
+    )
     samples = scrape(client)
     labels = (("kind", "dead_letter"), ("reason", "expired"), ("status", "pending"))
     assert samples[("lazarus_messages", labels)] == 2
@@ -66,3 +69,43 @@ def test_queue_series_are_bounded(client, settings):
         if name == "lazarus_open_messages"
     }
     assert queues == {"bounded-5": 6, "bounded-4": 5, "bounded-3": 4, "__other__": 3 + 2 + 1}
+
+
+def test_a_rule_that_cannot_check_is_unknown_not_ok(client, settings):
+    settings.METRICS_ALLOWED_IPS = ["127.0.0.1"]
+    now = timezone.now()
+    blind = AlertRule.objects.create(
+        name="blind",
+        kind="broker_alarm",
+        state="unknown",
+        last_known_state="firing",
+        last_error="ManagementError: down",
+        last_evaluated_at=now,
+    )
+    fine = AlertRule.objects.create(name="fine", kind="audit", last_evaluated_at=now)
+    never = AlertRule.objects.create(name="never", kind="audit")  # beat never looked: unknown
+    samples = scrape(client)
+
+    def state_of(rule):
+        values = {
+            state: samples[
+                (
+                    "lazarus_alert_rule_state",
+                    (
+                        ("kind", rule.kind),
+                        ("rule", rule.name),
+                        ("rule_id", str(rule.pk)),
+                        ("state", state),
+                    ),
+                )
+            ]
+            for state in ("ok", "firing", "unknown")
+        }
+        assert sorted(values.values()) == [0, 0, 1], values
+        return next(state for state, value in values.items() if value == 1)
+
+    assert (state_of(blind), state_of(fine), state_of(never)) == ("unknown", "ok", "unknown")
+    assert samples[("lazarus_alert_rules", (("state", "unknown"),))] == 2
+    assert samples[("lazarus_alert_rules", (("state", "ok"),))] == 1
+    assert samples[("lazarus_alert_rules", (("state", "firing"),))] == 0
+    assert samples[("lazarus_alert_rules_firing", ())] == 0

@@ -15,6 +15,12 @@ pytestmark = pytest.mark.django_db
 T0 = datetime.datetime(2024, 3, 1, 12, 0, tzinfo=datetime.UTC)
 
 
+@pytest.fixture(autouse=True)
+def thirty_second_cycles(settings):
+    """Unknown is notified after one evaluation period at least: the times below count on 30 s."""
+    settings.ALERTS_EVALUATE_SECONDS = 30
+
+
 def later(seconds):
     return T0 + datetime.timedelta(seconds=seconds)
 
@@ -103,19 +109,94 @@ def test_it_queues_nothing_for_a_disabled_channel():
     assert [n.channel.name for n in Notification.objects.filter(rule=watched)] == ["on"]
 
 
-def test_it_records_a_check_that_could_not_look_and_keeps_its_state():
-    blind = rule(state="firing", last_value=5, last_items=["q"])
-    assert step(blind, T0, ManagementError("management API unreachable")) is None
+def test_a_firing_rule_that_cannot_look_is_unknown_and_says_it_was_firing():
+    hook = channel()
+    blind = rule(channels=[hook], state="firing", last_known_state="firing", last_value=5)
+    blind.condition_since = T0
+    blind.last_items = ["q"]
+    blind.save()
+    error = ManagementError("management API unreachable")
+    # Not "ok", and not "firing" either: nobody has looked. A blip pages nobody yet.
+    assert step(blind, later(60), error) is None
     blind.refresh_from_db()
-    assert blind.state == "firing" and (blind.last_value, blind.last_items) == (5, ["q"])
-    assert blind.last_error == "ManagementError: management API unreachable"
-    assert blind.last_evaluated_at == T0
+    assert (blind.state, blind.current_state, blind.last_known_state) == (
+        "unknown",
+        "unknown",
+        "firing",
+    )
+    assert blind.state_since == later(60) and blind.condition_since == T0
+    assert blind.unknown_reason == "cannot check: ManagementError: management API unreachable"
+    assert (blind.last_value, blind.last_items) == (5, ["q"])  # the last known look, kept
     assert [(t.state, t.summary) for t in AlertTransition.objects.filter(rule=blind)] == [
-        ("error", blind.last_error)
+        ("unknown", blind.last_error)
     ]
-    assert step(blind, later(30), Check(firing=True, value=5, items=["q"])) is None
+    # After one evaluation period still unknown: said once, as its own event.
+    assert step(blind, later(90), error) == "unknown"
+    assert step(blind, later(120), error) is None
+    unknown = Notification.objects.get(rule=blind)
+    assert unknown.event == "unknown" and unknown.payload["rule"]["state"] == "unknown"
+    assert unknown.payload["summary"] == f"cannot check: {blind.last_error}"
+    assert (unknown.payload["value"], unknown.payload["items"]) == (None, [])
+    assert unknown.payload["last_known_state"] == "firing"
+
+    # It looks again and the condition still holds: firing, said (the operator was told
+    # "unknown", so is told how it ended), without waiting for for_seconds again.
+    assert step(blind, later(150), Check(firing=True, value=6, items=["q"])) == "firing"
     blind.refresh_from_db()
-    assert blind.last_error == "" and blind.state == "firing"
+    assert (blind.state, blind.last_error, blind.state_since) == ("firing", "", later(150))
+    assert [t.state for t in blind.transitions.order_by("at", "id")] == ["unknown", "firing"]
+
+
+def test_a_blip_inside_a_firing_period_ends_quietly_in_firing():
+    loud = rule(channels=[channel()], state="firing", last_known_state="firing")
+    loud.condition_since = T0
+    loud.save()
+    assert step(loud, later(30), ManagementError("timed out")) is None
+    assert step(loud, later(45), Check(firing=True, value=1)) is None
+    assert loud.state == "firing"
+    assert not Notification.objects.filter(rule=loud).exists()
+
+
+def test_an_ok_rule_told_unknown_is_told_when_it_is_ok_again():
+    watched = rule(channels=[channel()])
+    events = [step(watched, later(s), ManagementError("down")) for s in (0, 29, 30, 60)]
+    assert events == [None, None, "unknown", None]
+    assert step(watched, later(90), Check(firing=False, value=0)) == "resolved"
+    assert watched.state == watched.last_known_state == "ok"
+    # A short unknown nobody was told about ends quietly.
+    assert step(watched, later(120), ManagementError("down")) is None
+    assert step(watched, later(130), Check(firing=False, value=0)) is None
+    sent = Notification.objects.filter(rule=watched).order_by("created_at", "id")
+    assert [n.event for n in sent] == ["unknown", "resolved"]
+
+
+def test_unknown_waits_for_the_rules_for_seconds_and_a_muted_rule_says_nothing():
+    patient = rule(channels=[channel()], for_seconds=300)
+    assert step(patient, T0, ManagementError("down")) is None
+    assert step(patient, later(299), ManagementError("down")) is None
+    assert step(patient, later(300), ManagementError("down")) == "unknown"
+
+    quiet = rule(channels=[channel("q")], muted_until=later(3600))
+    assert [step(quiet, later(s), ManagementError("down")) for s in (0, 60, 120)] == [None] * 3
+    assert quiet.state == "unknown"
+    assert not Notification.objects.filter(rule=quiet).exists()
+
+
+def test_another_error_while_unknown_is_kept_in_the_history_once():
+    blind = rule()
+    step(blind, T0, ManagementError("refused"))
+    blind.last_notified_at = T0  # told already
+    assert step(blind, later(30), ManagementError("timed out")) is None
+    assert step(blind, later(60), ManagementError("timed out")) is None
+    assert [t.state for t in blind.transitions.order_by("at", "id")] == ["unknown", "error"]
+    assert blind.last_error == "ManagementError: timed out"
+
+
+def test_a_rule_not_evaluated_lately_is_unknown_whatever_its_state():
+    stale = rule(state="firing", last_known_state="firing")
+    assert (stale.current_state, stale.unknown_reason) == ("unknown", "never evaluated")
+    stale.last_evaluated_at = datetime.datetime.now(datetime.UTC)
+    assert (stale.current_state, stale.unknown_reason) == ("firing", "")
 
 
 def test_it_says_whether_deciding_changed_anything_worth_saving():
