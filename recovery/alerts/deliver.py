@@ -7,9 +7,10 @@ as healthchecks' sendalerts claims a flip), sent outside any transaction, and it
 recorded at the time the send ended. Any exception while sending is a failed attempt with its
 reason, so one bad receiver costs its own notification, never the batch, and a notification is
 sent at most once per attempt. Sends to different channels run side by side (SEND_THREADS);
-one channel's notifications go one after another, in order, and after a failure the rest of
-that channel's wait for the next pass. HTTP sends: ``recovery.alerts.outbound`` (one
-wall-clock deadline, no redirects, the allow-list).
+one channel's notifications go one after another, in the order they were queued: after a
+failure the rest of that channel's wait behind the failed one, sent after it once its retry is
+due (or it is given up). HTTP sends: ``recovery.alerts.outbound`` (one wall-clock deadline,
+no redirects, the allow-list).
 
 A failed attempt is recorded on the notification (``attempt_log``) and retried with backoff
 (30 s doubling to an hour) up to ALERTS_MAX_ATTEMPTS, then the notification is ``failed``; a
@@ -27,17 +28,21 @@ import datetime
 import hashlib
 import hmac
 import json
+import logging
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 from django.conf import settings
 from django.core.mail import send_mail
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from recovery.alerts.outbound import DeliveryError, post
 from recovery.models import Notification, NotificationChannel
 
 __all__ = ["DeliveryError", "deliver_due", "deliver_one", "send", "send_test", "sign"]
+
+log = logging.getLogger(__name__)
 
 # Channels sent to at the same time in one pass: a receiver that takes the whole deadline holds
 # one thread, not the others' notifications. More threads cost only idle sockets; the database
@@ -140,11 +145,19 @@ def _attempt(channel, payload, clock) -> tuple[bool, str, datetime.datetime]:
 
 
 def _record(notification, outcome) -> bool:
+    """Record one send's outcome; returns whether the send worked. A notification deleted
+    meanwhile (its rule or channel) is skipped by the model; any other error recording it is
+    logged, never raised: it would end the pass and drop the outcomes of the sends still
+    running, whose notifications would stay claimed and be sent again after CLAIM_MARGIN."""
     ok, text, at = outcome
-    if ok:
-        notification.record_delivered(at, text)
-    else:
-        notification.record_failed(at, text)
+    try:
+        if ok:
+            notification.record_delivered(at, text)
+        else:
+            notification.record_failed(at, text)
+    except Exception:
+        # This one is sent again after CLAIM_MARGIN, as if its worker had died mid-send.
+        log.exception("could not record the outcome of notification %s", notification.pk)
     return ok
 
 
@@ -164,10 +177,7 @@ def _deliver(due: list, clock, counts: dict) -> None:
     one channel's notifications in order; claims and outcomes on this thread."""
     waiting: dict[int, collections.deque] = {}
     for notification in due:
-        channel = waiting.setdefault(notification.channel_id, collections.deque())
-        if channel:  # one channel object per pass: its failures in a row add up
-            notification.channel = channel[0].channel
-        channel.append(notification)
+        waiting.setdefault(notification.channel_id, collections.deque()).append(notification)
     channels = collections.deque(waiting)
     running = {}
 
@@ -208,13 +218,25 @@ def deliver_due(now=None, limit=100) -> dict:
     cutoff = clock()
     counts = {"delivered": 0, "failed": 0}
     seen: set[int] = set()
+    # A channel's notifications go in the order they were queued: one waits while an older one
+    # of its channel is pending and not due (backing off after a failure, or claimed by
+    # another pass), and each batch is in that order (by id, not by when each is due).
+    waits_behind_older = Exists(
+        Notification.objects.filter(
+            channel=OuterRef("channel"),
+            id__lt=OuterRef("id"),
+            status=Notification.Status.PENDING,
+            next_attempt_at__gt=cutoff,
+        )
+    )
     while True:
         due = list(
             Notification.objects.select_related("channel")
             .filter(status=Notification.Status.PENDING, next_attempt_at__lte=cutoff)
             .filter(channel__enabled=True)  # a disabled channel's outbox waits, unsent
+            .exclude(waits_behind_older)
             .exclude(pk__in=seen)
-            .order_by("next_attempt_at", "id")[:limit]
+            .order_by("id")[:limit]
         )
         seen.update(n.pk for n in due)
         _deliver(due, clock, counts)

@@ -56,8 +56,8 @@ def evaluate(now=None, management=None) -> dict:
     The checks only read, outside any transaction. Then one transaction (one commit, not one per
     rule: at 20 rules the commits cost more than the checks) locks the rules, decides, and writes
     only the rules whose state, value, summary, items or error changed, each under a savepoint
-    (one rule that cannot be saved leaves the others' work); every rule gets last_evaluated_at
-    in one UPDATE."""
+    (one rule that cannot be saved leaves the others' work); every rule but those gets
+    last_evaluated_at in one UPDATE. A rule that could not be saved is left out of the result."""
     now = now or timezone.now()
     management = management or CachedReads()
     checks = check_all(list(AlertRule.objects.filter(enabled=True)), now, management)
@@ -77,9 +77,14 @@ def evaluate(now=None, management=None) -> dict:
                     rule.apply_outcome(now, check, event)
             except DatabaseError:
                 log.exception("alert rule %s: its evaluation could not be saved", rule.pk)
+                # Not stamped as evaluated: its row still holds the state before (maybe "ok"),
+                # which a fresh timestamp would vouch for; unstamped, it goes stale and shows
+                # unknown. Its event was not queued, so it is not returned either.
+                del events[rule.pk]
                 continue
             if isinstance(check, Exception):
                 log.warning("alert rule %s could not be evaluated: %s", rule.pk, rule.last_error)
-        # Every rule looked at, saved or not, in one statement (the "unknown" badge reads it).
+        # Every rule whose outcome stands (saved, or nothing to save), in one statement (the
+        # "unknown" badge reads it).
         AlertRule.objects.filter(pk__in=list(events)).update(last_evaluated_at=now)
     return events

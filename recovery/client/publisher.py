@@ -20,7 +20,10 @@ Why it is shaped like this:
   and nothing is given up for time (the broker is reachable and will take the messages). It
   says so in the log, and resumes on ``connection.unblocked``. Publishing on into the blocked
   connection would only move the messages from the cache into socket buffers, where a
-  connection closed during the alarm turns them into resends.
+  connection closed during the alarm turns them into resends. Closed while still blocked, it
+  hands everything it holds to the outbox (the returns queue is behind the same alarm) as
+  ``unconfirmed``/``timeout``, detail ``BLOCKED_AT_CLOSE``: the timeouts that would have given
+  them up are stopped, so without this they would vanish with the process.
 
 Thread-safety: ``publish``, ``flush`` and ``close`` may be called from any number of threads. All
 broker I/O, the retry cache, the audit log writes and the outbox writes happen on the one I/O
@@ -57,6 +60,7 @@ MAX_ATTEMPTS = 3
 TICK_S = 0.2
 # What close() waits beyond give_up_after for the last messages to be handed over.
 CLOSE_GRACE_S = 5.0
+BLOCKED_AT_CLOSE = "publisher closed while the broker was blocking it"
 RETURNS_QUEUE_ARGUMENTS = {"x-queue-type": "quorum"}
 
 
@@ -158,11 +162,19 @@ class ReliablePublisher(ConnectionLoop):
             return
         self._closed = True
         if not self.flush(timeout if timeout is not None else self.give_up_after + CLOSE_GRACE_S):
-            log.error(
-                "%s: closing with %d messages neither confirmed nor handed to Lazarus",
-                self.producer,
-                self._owned,
-            )
+            if self.blocked:
+                # Not an error yet: _before_shutdown hands them over and says how.
+                log.warning(
+                    "%s: closing while the broker blocks the connection, %d messages unconfirmed",
+                    self.producer,
+                    self._owned,
+                )
+            else:
+                log.error(
+                    "%s: closing with %d messages neither confirmed nor handed to Lazarus",
+                    self.producer,
+                    self._owned,
+                )
         self._call_soon(self._shutdown)
         self._thread.join()
         self._log.close()
@@ -224,10 +236,59 @@ class ReliablePublisher(ConnectionLoop):
             log.info("%s: the broker unblocked the connection; publishing again", self.producer)
 
     def _before_shutdown(self):
+        if self.blocked:
+            self._give_up_held_while_blocked()
         try:
             self._write_bookkeeping()
         except Exception:
             log.exception("%s: final outbox/store write failed", self.producer)
+            if self._outbox_rows:
+                log.error(
+                    "%s: %d given-up messages not written to the outbox, lost: %s",
+                    self.producer,
+                    len(self._outbox_rows),
+                    [e.message_id for e in self._outbox_rows],
+                )
+
+    def _give_up_held_while_blocked(self):
+        """Closing during an alarm: what is held was never given up (its clocks are stopped) and
+        the returns queue is behind the same alarm, so it goes to the outbox now. An unconfirmed
+        one the broker did take arrives twice; the collector's fingerprint dedups it."""
+        now = time.monotonic()
+        held = self._cache.drop_unconfirmed() + list(self._cache.to_send)
+        self._cache.to_send.clear()
+        while self._incoming:
+            held.append(self._incoming.popleft())
+        if not held:
+            return
+        for entry in held:
+            if entry.forwarding:
+                continue  # already given up; it keeps its own kind and reason
+            if entry.attempts == 0:
+                self._log_unsent(entry, now)
+            else:
+                self._log_attempt(entry, "error", now)
+            entry.give_up = ("unconfirmed", "timeout", BLOCKED_AT_CLOSE)
+        if self._outbox is not None:
+            log.warning(
+                "%s: %s: %d messages go to the outbox", self.producer, BLOCKED_AT_CLOSE, len(held)
+            )
+            self._outbox_rows.extend(held)
+        elif self._store is not None:
+            log.warning(
+                "%s: %s: %d messages stay 'sending' in the store; the next start resends them",
+                self.producer,
+                BLOCKED_AT_CLOSE,
+                len(held),
+            )
+        else:
+            log.error(
+                "%s: %s and there is no outbox_dsn nor store_dsn: %d messages dropped: %s",
+                self.producer,
+                BLOCKED_AT_CLOSE,
+                len(held),
+                [e.message_id for e in held],
+            )
 
     # ---- I/O thread: sending and confirms ----------------------------------------------------
 
@@ -397,18 +458,21 @@ class ReliablePublisher(ConnectionLoop):
                 keep.append(entry)
                 continue
             if entry.attempts == 0:
-                # Never reached the wire: the log still gets its one (failed) attempt so the
-                # audit knows the message existed.
-                entry.attempts = 1
-                entry.sent_ts_ms = int(time.time() * 1000)
-                entry.sent_at = 0.0
-                self._log_attempt(entry, "error", now)
+                self._log_unsent(entry, now)
             entry.give_up = ("unconfirmed", "timeout", "broker unreachable")
             if self._outbox is not None:
                 self._outbox_rows.append(entry)
             else:
                 keep.append(entry)
         self._cache.to_send = keep
+
+    def _log_unsent(self, entry, now):
+        # Never reached the wire: the log still gets its one (failed) attempt so the audit
+        # knows the message existed.
+        entry.attempts = 1
+        entry.sent_ts_ms = int(time.time() * 1000)
+        entry.sent_at = 0.0
+        self._log_attempt(entry, "error", now)
 
     def _write_bookkeeping(self):
         self._write_outbox()

@@ -377,15 +377,21 @@ class NotificationChannel(models.Model):
         self.save(update_fields=["secret"])
         return self.secret
 
+    # Both are UPDATEs of the row, not saves of this copy: the copy a delivery pass holds may
+    # be stale (another pass, the console), and a channel deleted meanwhile is simply skipped.
     def record_success(self, now) -> None:
-        self.consecutive_failures = 0
-        self.last_success_at = now
-        self.save(update_fields=["consecutive_failures", "last_error", "last_success_at"])
+        NotificationChannel.objects.filter(pk=self.pk).update(
+            consecutive_failures=0, last_success_at=now
+        )
+        self.consecutive_failures, self.last_success_at = 0, now
 
     def record_failure(self, error: str) -> None:
-        self.consecutive_failures += 1
+        counted = NotificationChannel.objects.filter(pk=self.pk).update(
+            consecutive_failures=models.F("consecutive_failures") + 1, last_error=error
+        )
         self.last_error = error
-        self.save(update_fields=["consecutive_failures", "last_error", "last_success_at"])
+        if counted:
+            self.refresh_from_db(fields=["consecutive_failures"])
 
 
 class Notification(models.Model):
@@ -440,9 +446,11 @@ class Notification(models.Model):
         target = self.channel.target
         return [{**a, "error": redact_target(a.get("error", ""), target)} for a in self.attempt_log]
 
-    def backoff(self) -> datetime.timedelta:
-        """30 s, 1 min, 2 min, ... capped at an hour."""
-        return datetime.timedelta(seconds=min(30 * 2 ** max(self.attempts - 1, 0), 3600))
+    @staticmethod
+    def backoff(attempts: int) -> datetime.timedelta:
+        """The wait after ``attempts`` failed attempts: 30 s, 1 min, 2 min, ... capped at an
+        hour."""
+        return datetime.timedelta(seconds=min(30 * 2 ** max(attempts - 1, 0), 3600))
 
     def claim(self, until) -> bool:
         """Take this notification for one attempt: a conditional UPDATE only one delivery pass
@@ -460,32 +468,52 @@ class Notification(models.Model):
             self.next_attempt_at = until
         return bool(won)
 
-    def record_delivered(self, now, result: str) -> None:
+    def record_delivered(self, now, result: str) -> bool:
         """One attempt that reached the receiver (``result``: what it answered): delivered,
-        and the channel's run of failures ends. Saves both."""
-        self._log_attempt(now, ok=True, result=result, error="")
-        self.status = self.Status.DELIVERED
-        self.delivered_at = now
-        self.last_error = ""
-        self.save()
+        and the channel's run of failures ends. False (nothing recorded) when this copy no
+        longer holds the notification (``_record``)."""
+        if not self._record(
+            now,
+            ok=True,
+            result=result,
+            error="",
+            status=self.Status.DELIVERED,
+            delivered_at=now,
+            last_error="",
+        ):
+            return False
         self.channel.record_success(now)
+        return True
 
-    def record_failed(self, now, error: str) -> None:
+    def record_failed(self, now, error: str) -> bool:
         """One attempt that failed: retried after ``backoff``, or given up (``failed``) at
-        ALERTS_MAX_ATTEMPTS; the channel counts one more failure in a row. Saves both."""
+        ALERTS_MAX_ATTEMPTS; the channel counts one more failure in a row. False (nothing
+        recorded) when this copy no longer holds the notification (``_record``)."""
         error = error[:1000]
-        self._log_attempt(now, ok=False, result="", error=error)
-        self.last_error = error
-        if self.attempts >= settings.ALERTS_MAX_ATTEMPTS:
-            self.status = self.Status.FAILED
+        attempts = self.attempts + 1
+        if attempts >= settings.ALERTS_MAX_ATTEMPTS:
+            outcome = {"status": self.Status.FAILED}
         else:
-            self.next_attempt_at = now + self.backoff()
-        self.save()
+            outcome = {"next_attempt_at": now + self.backoff(attempts)}
+        if not self._record(now, ok=False, result="", error=error, last_error=error, **outcome):
+            return False
         self.channel.record_failure(error)
+        return True
 
-    def _log_attempt(self, now, ok, result, error):
-        self.attempts += 1
-        self.attempt_log = [
+    def _record(self, now, ok, result, error, **fields) -> bool:
+        """Write one attempt's outcome with an UPDATE conditional on the claim this copy holds
+        (pending, ``next_attempt_at`` its lease), never a save: a row deleted meanwhile (its
+        rule or channel deleted while the send ran) would be inserted again by a save, and a
+        claim another pass took over is that pass's to record. Either way nothing is written."""
+        fields["attempts"] = self.attempts + 1
+        fields["attempt_log"] = [
             *self.attempt_log[-(self.ATTEMPTS_KEPT - 1) :],
             {"at": now.isoformat(), "ok": ok, "result": result, "error": error},
         ]
+        held = Notification.objects.filter(
+            pk=self.pk, status=self.Status.PENDING, next_attempt_at=self.next_attempt_at
+        ).update(**fields)
+        if held:
+            for name, value in fields.items():
+                setattr(self, name, value)
+        return bool(held)

@@ -14,6 +14,8 @@ from aiosmtpd.controller import Controller
 from django.conf import settings
 from django.utils import timezone
 
+from recovery.alerts import engine
+from recovery.alerts.checks import Check
 from recovery.alerts.deliver import deliver_due, send_test
 from recovery.alerts.engine import evaluate
 from recovery.broker.management import Management
@@ -388,3 +390,34 @@ def test_an_unchanged_rule_is_still_marked_evaluated_every_cycle():
     evaluate(now=later)  # nothing changed but the time it was looked at
     quiet.refresh_from_db()
     assert quiet.last_evaluated_at == later and quiet.unchecked == ""
+
+
+def test_a_rule_whose_outcome_cannot_be_saved_is_not_marked_evaluated(monkeypatch, caplog):
+    healthy = rule("open_messages", name="healthy", params={"threshold": 10**9})
+    broken = rule("open_messages", name="broken", params={"threshold": 10**9})
+    period = datetime.timedelta(seconds=settings.ALERTS_EVALUATE_SECONDS)
+    first = timezone.now() - 5 * period  # long enough ago to be stale by now
+    evaluate(now=first)
+
+    real_check = engine.run_check
+
+    def nul_for_broken(r, now, management):
+        if r.pk == broken.pk:
+            # PostgreSQL refuses NUL in text: the rule should fire, but its save fails.
+            return Check(firing=True, value=1, summary="1 open\u0000")
+        return real_check(r, now, management)
+
+    monkeypatch.setattr(engine, "run_check", nul_for_broken)
+    now = timezone.now()
+    events = evaluate(now=now)
+
+    healthy.refresh_from_db()
+    broken.refresh_from_db()
+    assert (healthy.last_evaluated_at, healthy.current_state) == (now, "ok")
+    # Its row still says "ok" from before; only the stale timestamp keeps that from being shown.
+    assert (broken.state, broken.last_evaluated_at) == ("ok", first)
+    assert broken.current_state == "unknown"
+    assert broken.unknown_reason.startswith("not evaluated since")
+    assert f"alert rule {broken.pk}: its evaluation could not be saved" in caplog.text
+    # Its "firing" was not queued: not reported as notified either.
+    assert healthy.pk in events and broken.pk not in events

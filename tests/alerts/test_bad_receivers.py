@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings as django_settings
+from django.db import DatabaseError, connection
 from django.utils import timezone
 
 from console.celery import app
+from recovery.alerts import deliver
 from recovery.alerts.deliver import deliver_due, send_test
 from recovery.alerts.tasks import evaluate_alerts
 from recovery.models import AlertRule, Notification, NotificationChannel
@@ -296,3 +298,85 @@ def test_a_disabled_channels_outbox_waits_unsent(fast, receivers):
     NotificationChannel.objects.filter(pk=hook.pk).update(enabled=False)  # an admin stops it
     assert deliver_due(now=now) == {"delivered": 0, "failed": 0}
     assert healthy.requests == [] and Notification.objects.get().status == "pending"
+
+
+@pytest.mark.parametrize("deleted", ["rule", "channel"])
+def test_a_notification_deleted_while_it_is_sent_is_skipped_and_the_rest_sent_once(
+    fast, receivers, monkeypatch, deleted
+):
+    # As in production, where each statement commits on its own: the test's transaction would
+    # otherwise defer the foreign-key checks to a commit that never comes.
+    with connection.cursor() as cursor:
+        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+    first, second, third = receivers(), receivers(), receivers()
+    doomed_hook = webhook(first.url, "a doomed")
+    doomed_rule = AlertRule.objects.create(name="doomed", kind="open_messages")
+    doomed_rule.channels.set([doomed_hook])
+    now = timezone.now()
+    doomed_rule.queue_notifications("firing", now)
+    queue_firing(doomed_hook, webhook(second.url, "b kept"), webhook(third.url, "c kept"))
+
+    real_wait = deliver.wait
+
+    def delete_then_wait(running, **options):
+        # An admin deletes it in the console while its send (and the others') runs.
+        if deleted == "rule":
+            AlertRule.objects.filter(pk=doomed_rule.pk).delete()
+        else:
+            NotificationChannel.objects.filter(pk=doomed_hook.pk).delete()
+        monkeypatch.setattr(deliver, "wait", real_wait)
+        return real_wait(running, **options)
+
+    monkeypatch.setattr(deliver, "wait", delete_then_wait)
+    for tick in range(3):  # the later ticks are past CLAIM_MARGIN: nothing left claimed
+        deliver_due(now=now + datetime.timedelta(hours=tick))
+
+    sent_first = [p["rule"]["name"] for p in first.payloads()]
+    # The rule deleted: the channel goes on with the next one; the channel deleted: its
+    # queued notification went with it.
+    assert sent_first == (["doomed", "orders DLQ"] if deleted == "rule" else ["doomed"])
+    assert (len(second.requests), len(third.requests)) == (1, 1)
+    assert not Notification.objects.filter(rule=doomed_rule.pk).exists()  # not inserted again
+    kept = Notification.objects.exclude(channel=doomed_hook.pk)
+    assert [(n.status, n.attempts) for n in kept] == [("delivered", 1), ("delivered", 1)]
+
+
+def test_after_a_failure_a_channels_later_notification_waits_behind_the_failed_one(fast, receivers):
+    healthy = receivers()
+    hook = webhook(healthy.url)
+    rule = AlertRule.objects.create(name="flapping", kind="open_messages")
+    rule.channels.set([hook])
+    now = timezone.now()
+    rule.queue_notifications("firing", now)
+    rule.queue_notifications("resolved", now + datetime.timedelta(seconds=1))
+
+    healthy.down = True  # the first request fails, the rest succeed
+    assert deliver_due(now=now + datetime.timedelta(seconds=5)) == {"delivered": 0, "failed": 1}
+    healthy.down = False
+    # "resolved" is due, "firing" is backing off (30 s): "resolved" waits behind it.
+    assert deliver_due(now=now + datetime.timedelta(seconds=15)) == {"delivered": 0, "failed": 0}
+    assert deliver_due(now=now + datetime.timedelta(minutes=2)) == {"delivered": 2, "failed": 0}
+    assert [p["event"] for p in healthy.payloads()] == ["firing", "firing", "resolved"]
+
+
+def test_an_outcome_that_cannot_be_recorded_costs_only_its_own_notification(
+    fast, receivers, monkeypatch, caplog
+):
+    first, second = receivers(), receivers()
+    now = queue_firing(webhook(first.url, "a unrecordable"), webhook(second.url, "b fine"))
+    unrecordable = Notification.objects.get(channel__name="a unrecordable")
+    real_record = Notification.record_delivered
+
+    def record_or_fail(notification, at, result):
+        if notification.pk == unrecordable.pk:
+            raise DatabaseError("the database went away for this one")
+        return real_record(notification, at, result)
+
+    monkeypatch.setattr(Notification, "record_delivered", record_or_fail)
+    assert deliver_due(now=now) == {"delivered": 2, "failed": 0}
+    assert f"could not record the outcome of notification {unrecordable.pk}" in caplog.text
+    assert Notification.objects.get(channel__name="b fine").status == "delivered"
+    unrecordable.refresh_from_db()  # still claimed: sent again after the claim, as documented
+    assert (unrecordable.status, unrecordable.attempts) == ("pending", 0)
+    assert unrecordable.next_attempt_at > now + deliver.CLAIM_MARGIN
+    assert (len(first.requests), len(second.requests)) == (1, 1)

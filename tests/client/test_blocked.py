@@ -9,9 +9,12 @@ import time
 import pika
 import pika.frame
 import pika.spec
+import psycopg
 import pytest
 
 from recovery.client import ReliablePublisher
+from recovery.client.outbox import OUTBOX_DDL, ensure_tables
+from recovery.client.publisher import BLOCKED_AT_CLOSE
 from tests.client.conftest import read_jsonl
 from tests.helpers import drain, wait_for
 
@@ -67,6 +70,51 @@ def test_it_holds_messages_while_blocked_and_resumes_on_unblock(amqp_url, names,
         got = drain(channel, names["queue"])
         assert drain(channel, names["returns"]) == []
     assert [p.message_id for p, _ in got] == [first, *held]
+
+
+def test_it_hands_what_it_holds_to_the_outbox_when_closed_while_blocked(
+    amqp_url, names, pg_dsn, tmp_path, caplog
+):
+    """Closed during the alarm: the timeouts that would give the held messages up are stopped,
+    so close() itself hands every one to the outbox, with the reason; none is lost."""
+    with blocking_channel(amqp_url) as channel:
+        channel.queue_declare(names["queue"], durable=True)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        ensure_tables(conn, OUTBOX_DDL)  # so a missing row fails the assert, not the query
+    producer = f"closed-blocked-{names['queue']}"
+    publisher = ReliablePublisher(
+        amqp_url,
+        producer=producer,
+        log_dir=tmp_path,
+        returns_queue=names["returns"],
+        confirm_timeout=0.3,
+        give_up_after=0.5,
+        outbox_dsn=pg_dsn,
+    )
+    publisher.publish("", names["queue"], b"before")
+    assert publisher.flush(timeout=20)
+    alarm = pika.frame.Method(0, pika.spec.Connection.Blocked(reason="low on memory"))
+    publisher._call_soon(lambda: publisher._on_blocked(None, alarm))
+    wait_for(lambda: publisher.blocked, message="blocked")
+    held = [publisher.publish("", names["queue"], f"held-{i}".encode()) for i in range(20)]
+    with caplog.at_level(logging.WARNING, logger="recovery.client.publisher"):
+        publisher.close(timeout=0.5)  # the alarm never clears
+
+    assert publisher.owned == 0
+    assert f"{BLOCKED_AT_CLOSE}: 20 messages go to the outbox" in caplog.text
+    with psycopg.connect(pg_dsn) as conn:
+        rows = conn.execute(
+            "SELECT message_id, kind, reason, headers->>'x-recovery-detail', body"
+            " FROM recovery_outbox WHERE producer = %s ORDER BY id",
+            (producer,),
+        ).fetchall()
+    assert [r[0] for r in rows] == held
+    assert {r[1:4] for r in rows} == {("unconfirmed", "timeout", BLOCKED_AT_CLOSE)}
+    assert bytes(rows[0][4]) == b"held-0"
+    with blocking_channel(amqp_url) as channel:
+        assert len(drain(channel, names["queue"])) == 1  # only "before" went out
+    errors = [line for line in read_jsonl(tmp_path, "producer") if line["outcome"] == "error"]
+    assert sorted(line["message_id"] for line in errors) == sorted(held)
 
 
 @pytest.mark.disruptive

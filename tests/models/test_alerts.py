@@ -284,3 +284,34 @@ def test_it_reminds_again_once_its_mute_has_ended():
     # Muted at 0 and 5 (nothing queued, so nothing was last said); unmuted at 10: reminded.
     assert events == ["firing", None, "reminder", None]
     assert [n.event for n in Notification.objects.filter(rule=snoozed)] == ["reminder"]
+
+
+def test_it_counts_a_channels_failures_in_the_database_not_on_a_stale_copy():
+    hook = channel()
+    stale = NotificationChannel.objects.get(pk=hook.pk)  # what another pass holds
+    hook.record_failure("HTTP 503 #1")
+    stale.record_failure("HTTP 503 #2")
+    assert stale.consecutive_failures == 2
+    hook.refresh_from_db()
+    assert (hook.consecutive_failures, hook.last_error) == (2, "HTTP 503 #2")
+    stale.record_success(T0)
+    hook.refresh_from_db()
+    assert (hook.consecutive_failures, hook.last_success_at) == (0, T0)
+
+
+def test_it_records_an_outcome_only_while_it_holds_the_claim():
+    hook = channel()
+    deleted = notification(hook)
+    Notification.objects.filter(pk=deleted.pk).delete()  # its rule deleted during the send
+    assert deleted.record_delivered(later(1), "HTTP 200") is False
+    assert not Notification.objects.filter(pk=deleted.pk).exists()  # not inserted again
+
+    held = notification(hook)
+    assert held.claim(later(300))
+    taken_over = Notification.objects.get(pk=held.pk)  # the claim ran out; another pass
+    assert taken_over.claim(later(700))
+    assert held.record_failed(later(2), "HTTP 503") is False
+    held.refresh_from_db()
+    assert (held.attempts, held.next_attempt_at, held.attempt_log) == (0, later(700), [])
+    hook.refresh_from_db()
+    assert hook.consecutive_failures == 0  # nobody's failure to count
