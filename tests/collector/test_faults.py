@@ -116,7 +116,10 @@ def test_a_stop_that_outlasts_its_time_says_what_it_leaves_behind(wired, caplog)
     try:
         with psycopg.connect(database_conninfo("lazarus-test-lock")) as blocker:
             blocker.execute("LOCK TABLE recovery_message IN ACCESS EXCLUSIVE MODE")
-            wait_for(lambda: sum(t.in_flight for t in threads) > 0, message="a batch held")
+            # Every message taken and handed to the (blocked) writers: the prefetch window starts
+            # small and grows per batch, and a stop before the last resize would give the rest
+            # back to the queue (correct, but then "all stored" below would not hold).
+            wait_for(lambda: sum(t.in_flight for t in threads) == n, message="all 50 held")
             with caplog.at_level(logging.WARNING, logger="recovery.collector.consumer"):
                 stop_collectors(stop_event, threads, timeout=1)
             held = sum(t.in_flight for t in threads)
@@ -124,7 +127,7 @@ def test_a_stop_that_outlasts_its_time_says_what_it_leaves_behind(wired, caplog)
     finally:
         stop_event.set()
     left = [r.getMessage() for r in caplog.records if "still storing or acking" in r.getMessage()]
-    assert held > 0 and left, caplog.text
+    assert held == n and left, caplog.text
     assert f"still storing or acking {held} messages" in " ".join(left)
     wait_for(lambda: stored_count("fault.slowstop") == n, timeout=30, message="all stored")
     writers = {id(w): w for t in threads for w in t.pool.writers}.values()
