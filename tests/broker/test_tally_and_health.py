@@ -297,9 +297,11 @@ def test_a_real_disk_alarm_fires_blocks_publishers_and_resolves(client, viewer):
     # The management database refreshes a connection's state every stats interval (5 s): until
     # then a connection still reads "blocked", and the rule rightly keeps firing on it.
     wait_for(
-        lambda: not any(
-            c.get("state") in ("blocked", "blocking")
-            for c in management.request("GET", "/connections?columns=state")
+        lambda: (
+            not any(
+                c.get("state") in ("blocked", "blocking")
+                for c in management.request("GET", "/connections?columns=state")
+            )
         ),
         timeout=30,
         message="no blocked connection left",
