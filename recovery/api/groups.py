@@ -13,7 +13,13 @@ from recovery.api.params import MessageFilterParams, validated
 from recovery.collector.health import collector_health
 from recovery.models import Message, Status
 from recovery.search.filters import apply_filters
-from recovery.search.groups import count_by, message_groups, rollup_groups
+from recovery.search.groups import (
+    attach_labels,
+    count_by,
+    kept_groups,
+    message_groups,
+    rollup_groups,
+)
 
 
 class GroupSerializer(serializers.Serializer):
@@ -120,8 +126,10 @@ class GroupList(generics.ListAPIView):
 
     def list(self, request, *args, **kwargs):
         filters = validated(MessageFilterParams, request.query_params)
-        groups = rollup_groups(filters)
+        groups = kept_groups(filters)
+        if groups is None:
+            groups = rollup_groups(filters)
         if groups is None:
             groups = message_groups(filters)
-        page = self.paginator.paginate_rows(groups, _recently_seen_first, request)
+        page = attach_labels(self.paginator.paginate_rows(groups, _recently_seen_first, request))
         return self.paginator.get_paginated_response(self.get_serializer(page, many=True).data)

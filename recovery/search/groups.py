@@ -9,7 +9,7 @@ from django.db import connection
 from django.db.models import Count, Max, Min, Q, Sum
 from django.db.models.functions import Coalesce
 
-from recovery.models import OPEN, Kind, Message, MessageCount, Status
+from recovery.models import OPEN, Kind, Message, MessageCount, MessageTotal, Status
 from recovery.search.filters import FILTER_COLUMNS, apply_filters, narrow_search
 
 TOP_QUEUES = 50
@@ -146,6 +146,79 @@ def rollup_groups(filters):
         return [dict(zip(GROUP_FIELDS, row, strict=True)) for row in cur.fetchall()]
 
 
+# Each group's counts and times from the trigger-kept totals (recovery.models.MessageTotal): the
+# kept times where every counted key of the group is exact, else (a message left one since the
+# last compaction) the two index probes of the rollup path, for that group only.
+KEPT_GROUPS_SQL = """
+WITH g AS (
+    SELECT group_key, sum(n) AS count,
+           coalesce(sum(n) FILTER (WHERE status = 'pending'), 0) AS pending,
+           min(first_at) AS first_at, max(last_at) AS last_at, bool_and(exact) AS exact,
+           max(source_queue) AS queue, max(source_exchange) AS exchange, max(reason) AS reason,
+           max(kind) AS kind
+    FROM recovery_messagetotal WHERE {where_totals}
+    GROUP BY group_key HAVING sum(n) > 0
+)
+SELECT g.group_key, '', g.queue, g.exchange, g.reason, g.kind, g.count, g.pending,
+       CASE WHEN g.exact THEN g.first_at ELSE (
+           SELECT collected_at FROM recovery_message WHERE group_key = g.group_key
+                  AND ({where}) ORDER BY collected_at, id LIMIT 1) END,
+       CASE WHEN g.exact THEN g.last_at ELSE (
+           SELECT collected_at FROM recovery_message WHERE group_key = g.group_key
+                  AND ({where}) ORDER BY collected_at DESC, id DESC LIMIT 1) END
+FROM g
+ORDER BY 10 DESC, 1
+"""
+
+
+def _where(queryset):
+    """The WHERE clause of a queryset as (sql, params); ("true", ()) when it has none."""
+    query = queryset.query
+    try:
+        return query.get_compiler(connection=connection).compile(query.where)
+    except FullResultSet:  # no filter
+        return "true", ()
+
+
+def kept_groups(filters):
+    """Every group's row for these filters, newest first, from the counts' kept times
+    (``MessageTotal``: no probe of a group's messages unless one left it since the last
+    compaction), without labels (``attach_labels`` reads them for a page); None when the totals
+    cannot answer (a search, or since/until: those need the hours, ``rollup_groups``)."""
+    if filters.get("q") or filters.get("since") or filters.get("until"):
+        return None
+    totals = MessageTotal.objects.all()
+    for name, column in ROLLUP_COLUMNS.items():
+        if filters.get(name):
+            totals = totals.filter(**{column: filters[name]})
+    where_totals, totals_params = _where(totals)
+    where, where_params = _where(apply_filters(Message.objects.all(), filters))
+    sql = KEPT_GROUPS_SQL.format(where_totals=where_totals, where=where)
+    with connection.cursor() as cur:
+        cur.execute(sql, [*totals_params, *(list(where_params) * 2)])
+        return [dict(zip(GROUP_FIELDS, row, strict=True)) for row in cur.fetchall()]
+
+
+def attach_labels(groups):
+    """Set each group's ``label`` where it has none (one index probe per group: for a page)."""
+    missing = [group["group_key"] for group in groups if not group["label"]]
+    if missing:
+        with connection.cursor() as cur:
+            cur.execute(
+                """
+                SELECT g.key, (SELECT group_label FROM recovery_message m
+                               WHERE m.group_key = g.key LIMIT 1)
+                FROM unnest(%s::text[]) AS g(key)
+                """,
+                [missing],
+            )
+            labels = dict(cur.fetchall())
+        for group in groups:
+            if not group["label"]:
+                group["label"] = labels.get(group["group_key"]) or ""
+    return groups
+
+
 def message_groups(filters):
     """Every group's row, aggregated over the matching messages (a search, or since/until
     inside an hour: what the rollup cannot answer exactly)."""
@@ -169,8 +242,8 @@ def message_groups(filters):
 
 
 def group_counts(counts, open_only=False):
-    """Per group of the (filtered) ``MessageCount`` rows ``counts``: total, open, poisoned and
-    replayed messages (the console's groups page)."""
+    """Per group of the (filtered) ``MessageTotal`` (or ``MessageCount``) rows ``counts``:
+    total, open, poisoned and replayed messages (the console's groups page)."""
     rows = (
         counts.values("group_key")
         .annotate(
