@@ -17,6 +17,7 @@ from recovery.search.groups import (
     attach_labels,
     count_by,
     kept_groups,
+    kept_times_answer,
     message_groups,
     rollup_groups,
 )
@@ -114,6 +115,12 @@ def _recently_seen_first(group):
     return (-micros, group["group_key"])
 
 
+def _edge_row(sort_key):
+    """(last_seen, group key) of the row a ``_recently_seen_first`` sort key names."""
+    micros, group_key = sort_key
+    return EPOCH + datetime.timedelta(microseconds=-micros), group_key
+
+
 @extend_schema(
     parameters=FILTER_PARAMETERS,
     summary="Failure groups, most recently seen first",
@@ -126,10 +133,19 @@ class GroupList(generics.ListAPIView):
 
     def list(self, request, *args, **kwargs):
         filters = validated(MessageFilterParams, request.query_params)
-        groups = kept_groups(filters)
-        if groups is None:
+        if kept_times_answer(filters):
+            page = self.paginator.paginate_keyset(
+                lambda edge, reverse, limit: kept_groups(
+                    filters, _edge_row(edge) if edge else None, reverse, limit
+                ),
+                _recently_seen_first,
+                (0, ""),
+                request,
+            )
+        else:
             groups = rollup_groups(filters)
-        if groups is None:
-            groups = message_groups(filters)
-        page = attach_labels(self.paginator.paginate_rows(groups, _recently_seen_first, request))
+            if groups is None:
+                groups = message_groups(filters)
+            page = self.paginator.paginate_rows(groups, _recently_seen_first, request)
+        page = attach_labels(page)
         return self.paginator.get_paginated_response(self.get_serializer(page, many=True).data)

@@ -53,6 +53,7 @@ def apply_retention(days=None, now=None, batch=BATCH):
             # Re-checked under the lock: a message restored or replayed meanwhile stays.
             ids = list(
                 expired.filter(pk__in=ids)
+                .order_by("pk")  # rows are locked in id order, as job claims lock them
                 .select_for_update(of=("self",))
                 .values_list("pk", flat=True)
             )

@@ -39,6 +39,21 @@ def paged(api, params, page_size=3):
     ]
 
 
+def paged_back(api, params, page_size=3):
+    """The same, from the last page back to the first through the ``previous`` links."""
+    url, params = "/api/v1/groups", {**params, "page_size": page_size}
+    while True:  # to the last page
+        page = api.get(url, params).json()
+        url, params = page["next"], None
+        if url is None:
+            break
+    pages = [page["results"]]
+    while page["previous"]:
+        page = api.get(page["previous"]).json()
+        pages.insert(0, page["results"])
+    return [(g["key"], parse(g["last_seen"])) for results in pages for g in results]
+
+
 def exact(params):
     """The same, computed from the message table, most recently seen first."""
     columns = {"status": "status", "queue": "source_queue", "kind": "kind", "reason": "reason"}
@@ -99,6 +114,8 @@ def test_paging_on_the_kept_times_equals_the_exact_answer(viewer_api):
     for params in FILTERS:
         assert paged(viewer_api, params) == exact(params), params
         assert paged(viewer_api, params, page_size=500) == exact(params), params
+        backwards = paged_back(viewer_api, params, page_size=4)
+        assert backwards == [(row[0], row[4]) for row in exact(params)], params
 
     MessageTotal.compact()
 
