@@ -172,6 +172,12 @@ def test_was_order_123_replayed_by_whom_and_did_it_arrive_after_retention(
     assert "order-124" not in html
     assert html.count("order-123") >= 2 and "deleted by retention" in html and "confirmed" in html
     assert f"/messages/{order.pk}/" not in html  # gone: no link to it
+    # A stored message's page links to the history of its id.
+    [again] = dead_letters("hist.order", 1, message_id="order-123")
+    detail = client.get(f"/messages/{again.pk}/").content.decode()
+    assert 'href="/history/?message_id=order-123"' in detail
+    listed = client.get("/history/", {"message_id": "order-123"}).content.decode()
+    assert f"/messages/{again.pk}/" not in listed  # nothing done to the new copy yet
 
 
 def test_the_history_is_kept_for_history_days_then_retention_deletes_it(wired, operator, settings):
