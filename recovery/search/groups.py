@@ -8,6 +8,7 @@ from django.core.exceptions import FullResultSet
 from django.db import connection
 from django.db.models import Count, Max, Min, Q, Sum
 from django.db.models.functions import Coalesce
+from django.utils import timezone
 
 from recovery.models import OPEN, Kind, Message, MessageCount, MessageTotal, Status
 from recovery.search.filters import FILTER_COLUMNS, apply_filters, narrow_search
@@ -23,12 +24,27 @@ def _on_the_hour(moment):
     return utc == utc.replace(minute=0, second=0, microsecond=0)
 
 
+def _a_rollup_bound(moment, hourly_from):
+    """Whether the rollup can cut at ``moment``: an hour while its hours are kept, a UTC
+    midnight before (MessageCount.compact folds those hours into their day)."""
+    utc = moment.astimezone(datetime.UTC)
+    if utc >= hourly_from:
+        return _on_the_hour(utc)
+    return utc == utc.replace(hour=0, minute=0, second=0, microsecond=0)
+
+
 def rollup_rows(filters):
     """MessageCount rows for these filters, or None when only the messages can answer exactly
-    (a search, or since/until inside an hour). The rollup makes stats constant-time in the
-    size of the store; it is exact because triggers keep it in the writers' transactions."""
+    (a search, or since/until inside an hour, or inside a day the compaction folded). The
+    rollup makes stats constant-time in the size of the store; it is exact because triggers
+    keep it in the writers' transactions."""
+    # Compactions so far folded only hours before this (their horizon was no later than now's).
+    hourly_from = (timezone.now() - MessageCount.HOURLY_FOR).astimezone(datetime.UTC)
+    hourly_from = hourly_from.replace(hour=0, minute=0, second=0, microsecond=0)
     if filters.get("q") or not all(
-        _on_the_hour(filters[name]) for name in ("since", "until") if filters.get(name)
+        _a_rollup_bound(filters[name], hourly_from)
+        for name in ("since", "until")
+        if filters.get(name)
     ):
         return None
     rows = MessageCount.objects.order_by()
@@ -86,7 +102,7 @@ WITH by_hour AS ({{by_hour}}), g AS (
     SELECT group_key, sum(total) AS count, sum(pending) AS pending, min(hour) AS first_hour,
            max(hour) AS last_hour, max(any_queue) AS queue, max(any_exchange) AS exchange,
            max(any_reason) AS reason, max(any_kind) AS kind
-    FROM by_hour GROUP BY group_key
+    FROM by_hour GROUP BY group_key HAVING sum(total) > 0
 )
 SELECT g.group_key, newest.group_label, g.queue, g.exchange, g.reason, g.kind, g.count,
        g.pending, oldest.collected_at, newest.collected_at
@@ -130,7 +146,9 @@ def rollup_groups(filters):
             any_reason=Max("reason"),
             any_kind=Max("kind"),
         )
-        .filter(total__gt=0)
+        # Not > 0: a delete's delta row keeps its message's hour while the compaction moved
+        # the rest of that day to midnight, so an hour may sum below zero until the next one.
+        .exclude(total=0)
     )
     by_hour_sql, by_hour_params = by_hour.query.sql_with_params()
     matching = apply_filters(Message.objects.all(), filters).query

@@ -189,3 +189,31 @@ def test_the_console_sorts_most_recent_groups_on_the_kept_times(client, viewer):
     truth = exact({})
     assert [g["group_key"] for g in groups] == [row[0] for row in truth]
     assert [(g["first"], g["last"]) for g in groups] == [(row[3], row[4]) for row in truth]
+
+
+def test_groups_of_a_time_window_count_exactly_after_deletes_in_folded_days(viewer_api):
+    """since/until on the hour read the hourly rollup: a delete's delta row keeps its message's
+    hour while the compaction folded older hours into their day, so an hour can sum below zero
+    until the next compaction; the group's count is still the sum of all its hours."""
+    from recovery.models import MessageCount
+
+    midnight = timezone.now().astimezone(datetime.UTC).replace(
+        hour=0, minute=0, second=0, microsecond=0
+    ) - datetime.timedelta(days=4)
+    messages = [
+        make_message(
+            group_key="old", collected_at=midnight + datetime.timedelta(hours=h, minutes=7)
+        )
+        for h in (1, 2, 3, 30)
+    ]
+    MessageCount.compact()  # folds those hours into their days
+    Message.objects.filter(pk__in=[messages[1].pk, messages[3].pk]).delete()
+
+    # A midnight: the rollup answers; an hour inside a folded day: the messages do. Both exact.
+    for since in (midnight, midnight + datetime.timedelta(hours=1)):
+        [group] = viewer_api.get("/api/v1/groups", {"since": since.isoformat()}).json()["results"]
+        assert group["count"] == 2, since
+        assert parse(group["first_seen"]) == messages[0].collected_at
+        assert parse(group["last_seen"]) == messages[2].collected_at
+        stats = viewer_api.get("/api/v1/stats", {"since": since.isoformat()}).json()
+        assert stats["total"] == 2, since
