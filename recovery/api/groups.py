@@ -5,6 +5,7 @@ import datetime
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, serializers
 from rest_framework.decorators import api_view
+from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 
 from recovery.api.messages import FILTER_PARAMETERS
@@ -118,7 +119,10 @@ def _recently_seen_first(group):
 def _edge_row(sort_key):
     """(last_seen, group key) of the row a ``_recently_seen_first`` sort key names."""
     micros, group_key = sort_key
-    return EPOCH + datetime.timedelta(microseconds=-micros), group_key
+    try:
+        return EPOCH + datetime.timedelta(microseconds=-micros), group_key
+    except OverflowError as exc:  # a forged cursor: no row can be there
+        raise NotFound(RowsCursorPagination.invalid_cursor_message) from exc
 
 
 @extend_schema(

@@ -217,3 +217,15 @@ def test_groups_of_a_time_window_count_exactly_after_deletes_in_folded_days(view
         assert parse(group["last_seen"]) == messages[2].collected_at
         stats = viewer_api.get("/api/v1/stats", {"since": since.isoformat()}).json()
         assert stats["total"] == 2, since
+
+
+def test_a_cursor_naming_a_time_out_of_range_is_a_404(viewer_api):
+    from rest_framework.pagination import Cursor, CursorPagination
+
+    make_message(group_key="f")
+    pagination = CursorPagination()
+    pagination.base_url = "http://testserver/api/v1/groups"
+    for position in ('[-99999999999999999999, "x"]', '[99999999999999999999, "x"]'):
+        for reverse in (False, True):
+            cursor = Cursor(offset=0, reverse=reverse, position=position)
+            assert viewer_api.get(pagination.encode_cursor(cursor)).status_code == 404
