@@ -376,6 +376,8 @@ SEARCH_INDEX_MAX_DEFER_SECONDS = env_float("SEARCH_INDEX_MAX_DEFER_SECONDS", 60.
 REPLAY_CONFIRM_TIMEOUT_SECONDS = env_float("REPLAY_CONFIRM_TIMEOUT_SECONDS", 30.0)
 POISON_THRESHOLD = env_int("POISON_THRESHOLD", 3, minimum=1)
 RETENTION_DAYS = env_int("RETENTION_DAYS", 30, minimum=1)
+# What was done to each message (recovery.models.history) outlives the message: kept this long.
+HISTORY_DAYS = env_int("HISTORY_DAYS", 400, minimum=1)
 # Bulk replay engine (recovery/replay/, bench/replay.py).
 # Publishes awaiting their confirm at once per job, which is also the most messages a crash or a
 # force-closed connection can duplicate (they are resent). Bigger = faster on a slow link.

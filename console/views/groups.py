@@ -7,7 +7,7 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
 from console.access import viewer_required
-from recovery.models import Kind, MessageCount, Reason, group_details
+from recovery.models import Kind, MessageTotal, Reason, group_details
 from recovery.search.groups import group_counts
 
 PAGE_SIZE = 100
@@ -39,8 +39,10 @@ class GroupFilterForm(forms.Form):
 
 
 def group_rows(form):
+    # The totals, not the hours: a row per key (tens of thousands at 10k groups, not ~450k),
+    # with each key's newest time kept (recovery.models.MessageTotal) for "most recent".
     return group_counts(
-        form.apply(MessageCount.objects.all()), open_only=form.cleaned_data.get("open_only")
+        form.apply(MessageTotal.objects.all()), open_only=form.cleaned_data.get("open_only")
     )
 
 
@@ -55,7 +57,7 @@ def group_list(request):
         sort = form.cleaned_data.get("sort") or "open"
         rows = group_rows(form)
         if sort == "recent":
-            rows = rows.annotate(last_hour=Max("hour")).order_by("-last_hour", "group_key")
+            rows = rows.annotate(newest=Max("last_at")).order_by("-newest", "group_key")
         elif sort == "total":
             rows = rows.order_by("-total", "group_key")
         else:

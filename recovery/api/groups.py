@@ -5,6 +5,7 @@ import datetime
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, serializers
 from rest_framework.decorators import api_view
+from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 
 from recovery.api.messages import FILTER_PARAMETERS
@@ -13,7 +14,14 @@ from recovery.api.params import MessageFilterParams, validated
 from recovery.collector.health import collector_health
 from recovery.models import Message, Status
 from recovery.search.filters import apply_filters
-from recovery.search.groups import count_by, message_groups, rollup_groups
+from recovery.search.groups import (
+    attach_labels,
+    count_by,
+    kept_groups,
+    kept_times_answer,
+    message_groups,
+    rollup_groups,
+)
 
 
 class GroupSerializer(serializers.Serializer):
@@ -108,6 +116,15 @@ def _recently_seen_first(group):
     return (-micros, group["group_key"])
 
 
+def _edge_row(sort_key):
+    """(last_seen, group key) of the row a ``_recently_seen_first`` sort key names."""
+    micros, group_key = sort_key
+    try:
+        return EPOCH + datetime.timedelta(microseconds=-micros), group_key
+    except OverflowError as exc:  # a forged cursor: no row can be there
+        raise NotFound(RowsCursorPagination.invalid_cursor_message) from exc
+
+
 @extend_schema(
     parameters=FILTER_PARAMETERS,
     summary="Failure groups, most recently seen first",
@@ -120,8 +137,19 @@ class GroupList(generics.ListAPIView):
 
     def list(self, request, *args, **kwargs):
         filters = validated(MessageFilterParams, request.query_params)
-        groups = rollup_groups(filters)
-        if groups is None:
-            groups = message_groups(filters)
-        page = self.paginator.paginate_rows(groups, _recently_seen_first, request)
+        if kept_times_answer(filters):
+            page = self.paginator.paginate_keyset(
+                lambda edge, reverse, limit: kept_groups(
+                    filters, _edge_row(edge) if edge else None, reverse, limit
+                ),
+                _recently_seen_first,
+                (0, ""),
+                request,
+            )
+        else:
+            groups = rollup_groups(filters)
+            if groups is None:
+                groups = message_groups(filters)
+            page = self.paginator.paginate_rows(groups, _recently_seen_first, request)
+        page = attach_labels(page)
         return self.paginator.get_paginated_response(self.get_serializer(page, many=True).data)

@@ -76,6 +76,29 @@ class RowsCursorPagination(StrictCursorPagination):
         self._previous = keys[start] if page and start > 0 else None
         return page
 
+    def paginate_keyset(self, fetch, sort_key, example_key, request):
+        """As ``paginate_rows``, for rows a query sorts and pages itself: ``fetch(edge, reverse,
+        limit)`` returns at most ``limit`` rows after the sort key ``edge`` (None: from the
+        first), in order, or with ``reverse`` the rows before it, nearest first.
+        ``example_key`` types a cursor's position (a forged one is a 404)."""
+        self.request = request
+        self.base_url = request.build_absolute_uri()
+        self.page_size = self.get_page_size(request)
+        cursor = self.decode_cursor(request)
+        edge = None if cursor is None else self._key(cursor.position, [example_key])
+        reverse = cursor is not None and cursor.reverse
+        rows = fetch(edge, reverse, self.page_size + 1)
+        more = len(rows) > self.page_size
+        page = rows[: self.page_size]
+        if reverse:
+            page.reverse()
+            self._previous = sort_key(page[0]) if more else None
+            self._next = sort_key(page[-1]) if page else None
+        else:
+            self._next = sort_key(page[-1]) if more else None
+            self._previous = sort_key(page[0]) if page and edge is not None else None
+        return page
+
     def _key(self, position, keys):
         """The sort key a cursor's position names (a JSON list, typed like the rows' keys)."""
         try:

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from recovery.api import alerts, audits, broker, groups, messages, replay_jobs, tokens
+from recovery.api import alerts, audits, broker, groups, history, messages, replay_jobs, tokens
 
 urlpatterns = [
     path("messages", messages.MessageList.as_view(), name="api-messages"),
@@ -19,6 +19,7 @@ urlpatterns = [
     path("replay-jobs/<int:pk>/resume", replay_jobs.resume, name="api-job-resume"),
     path("groups", groups.GroupList.as_view(), name="api-groups"),
     path("stats", groups.stats, name="api-stats"),
+    path("history", history.HistoryList.as_view(), name="api-history"),
     path("audits", audits.AuditRunList.as_view(), name="api-audits"),
     path("audits/<int:pk>", audits.AuditRunDetail.as_view(), name="api-audit"),
     path("audits/<int:pk>/evidence", audits.AuditEvidenceList.as_view(), name="api-evidence"),

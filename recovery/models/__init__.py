@@ -4,6 +4,7 @@
 - counts: the store's counts per hour and per failure group, and the queries over them
 - access: roles, API tokens, idempotency keys, rate windows, the activity log
 - replay: replay attempts, bulk jobs and their items, edited versions
+- history: what was done to each message, kept after retention deleted it (HISTORY_DAYS)
 - audit: nightly audit runs, windows, evidence, input gaps; the bindings history
 - alerts: alert rules, their transitions, notification channels and the notification outbox
 - broker: the broker's own tally of dead-lettered and dropped messages against the store
@@ -44,6 +45,7 @@ from recovery.models.counts import (
     hourly_sums,
     rollup_sums,
 )
+from recovery.models.history import HistoryAction, MessageHistory
 from recovery.models.replay import (
     MessageEdit,
     ReplayAttempt,
@@ -93,12 +95,14 @@ __all__ = [
     "WARNING_METRICS",
     "metric_warnings",
     "CollectorHeartbeat",
+    "HistoryAction",
     "IdempotencyKey",
     "Kind",
     "Message",
     "MessageCount",
     "MessageTotal",
     "MessageEdit",
+    "MessageHistory",
     "MessageSearch",
     "Reason",
     "ReplayAttempt",

@@ -10,13 +10,16 @@ from django.utils import timezone
 
 
 def fold_deltas(cur, table, key, carried=None):
-    """Fold the delta rows of each ``key`` of a count table into one row (the sum of n, and the
-    least ``carried`` column if any), dropping keys that sum to zero; returns the rows removed.
-    Only keys with more than one row (or a zero sum) are rewritten; rows another transaction
-    commits meanwhile are not in this statement's snapshot and stay as they are."""
+    """Fold the delta rows of each ``key`` of a count table into one row (the sum of n, and each
+    ``carried`` column by its aggregate: {column: "min"}), dropping keys that sum to zero;
+    returns the rows removed. Only keys with more than one row (or a zero sum) are rewritten;
+    rows another transaction commits meanwhile are not in this statement's snapshot and stay
+    as they are."""
+    carried = carried or {}
     cols = ", ".join(key)
-    extra = f", {carried}" if carried else ""
-    least = f", min({carried})" if carried else ""
+    extra = "".join(f", {column}" for column in carried)
+    returned = "".join(f", c.{column}" for column in carried)
+    aggregated = "".join(f", {how}({column})" for column, how in carried.items())
     cur.execute(
         f"""
         WITH busy AS (
@@ -24,10 +27,10 @@ def fold_deltas(cur, table, key, carried=None):
         ), gone AS (
             DELETE FROM {table} c USING busy b
             WHERE {" AND ".join(f"c.{k} = b.{k}" for k in key)}
-            RETURNING {", ".join(f"c.{k}" for k in key)}{extra.replace(", ", ", c.")}, c.n
+            RETURNING {", ".join(f"c.{k}" for k in key)}{returned}, c.n
         ), folded AS (
             INSERT INTO {table} ({cols}{extra}, n)
-            SELECT {cols}{least}, sum(n) FROM gone GROUP BY {cols} HAVING sum(n) <> 0
+            SELECT {cols}{aggregated}, sum(n) FROM gone GROUP BY {cols} HAVING sum(n) <> 0
             RETURNING 1
         )
         SELECT (SELECT count(*) FROM gone) - (SELECT count(*) FROM folded)
@@ -142,17 +145,33 @@ class MessageCount(CountKey):
 
 class MessageTotal(CountKey):
     """Message counts per vhost x kind x source x reason x status x failure group, over all time,
-    with the hour of the first message counted under the key (``first_hour``).
+    with the hour of the first message counted under the key (``first_hour``) and the key's
+    oldest and newest collection times (``first_at``, ``last_at``: the groups API sorts and pages
+    on them instead of probing every group's messages).
 
     MessageCount's hours make it grow with groups x hours (445k rows at 10k groups over 14 days):
     what only needs totals (alert checks, /metrics) reads this instead, one row per key once
     compacted (tens of thousands at 10k groups). Kept the same way: statement-level triggers
     (migration 0018) append delta rows, ``compact()`` folds them (sum of n, min of first_hour);
     a key whose sum is zero is dropped, so a group whose messages were all deleted (retention)
-    is new again when it comes back."""
+    is new again when it comes back.
+
+    The times (migration 0021): a message counted under a key (inserted, or moved there by an
+    update of its status) brings its ``collected_at``, so a key's min(first_at)/max(last_at)
+    stay exact as messages arrive, at no read. A message leaving a key (deleted, or moved to
+    another status) may have been its oldest or newest: finding the next one costs a read, so
+    the trigger only writes a delta row with ``exact`` false and no times, and the key's times
+    are then bounds (no newer than first_at, no older than last_at). ``compact()`` puts them
+    right: each key with an inexact row is recounted from the messages (two index probes) into
+    one exact row. Until then (a minute, beat) readers probe the messages for those keys only
+    (recovery.search.groups.kept_groups): exact answers, and probes only where something left.
+    """
 
     first_hour = models.DateTimeField()
     n = models.BigIntegerField()
+    first_at = models.DateTimeField(null=True, blank=True)
+    last_at = models.DateTimeField(null=True, blank=True)
+    exact = models.BooleanField(default=True, db_default=True)
 
     KEY = ("vhost", "kind", "source_queue", "source_exchange", "reason", "status", "group_key")
 
@@ -164,10 +183,13 @@ class MessageTotal(CountKey):
             models.Index(fields=["first_hour"], name="msgtotal_first_hour"),
         ]
 
+    CARRIED = {"first_hour": "min", "first_at": "min", "last_at": "max", "exact": "bool_and"}
+
     @classmethod
     def compact(cls):
-        """Fold the delta rows of each key into one; returns the rows removed. One compactor at
-        a time (advisory lock); rows committed meanwhile stay as they are, the sums stay right."""
+        """Fold the delta rows of each key into one, then make the times of keys a message left
+        exact again (``correct_times``); returns the rows removed. One compactor at a time
+        (advisory lock); rows committed meanwhile stay as they are, the sums stay right."""
         from django.db import connection, transaction
 
         table = cls._meta.db_table
@@ -175,7 +197,47 @@ class MessageTotal(CountKey):
             cur.execute("SELECT pg_try_advisory_xact_lock(hashtext('recovery_messagetotal'))")
             if not cur.fetchone()[0]:
                 return 0
-            return fold_deltas(cur, table, cls.KEY, carried="first_hour")
+            removed = fold_deltas(cur, table, cls.KEY, carried=cls.CARRIED)
+            return removed + cls.correct_times(cur)
+
+    @classmethod
+    def correct_times(cls, cur):
+        """Each key with an inexact row becomes one exact row: its rows' sums, and its oldest and
+        newest messages' times read from the messages (msg_group_newest). One statement, one
+        snapshot: a message deleted after it leaves a new inexact row for the next run, one
+        inserted after it a row of its own. ``first_hour`` keeps the least of the rows (a group
+        whose oldest messages retention deleted is not new). Returns the rows removed."""
+        table = cls._meta.db_table
+        key = cls.KEY
+        cols = ", ".join(key)
+        matches = " AND ".join(f"m.{k} = s.{k}" for k in key)
+        probe = (
+            "SELECT m.collected_at FROM recovery_message m WHERE "
+            + matches
+            + " ORDER BY m.collected_at {order}, m.id {order} LIMIT 1"
+        )
+        cur.execute(
+            f"""
+            WITH dirty AS (
+                SELECT DISTINCT {cols} FROM {table} WHERE NOT exact
+            ), gone AS (
+                DELETE FROM {table} c USING dirty d
+                WHERE {" AND ".join(f"c.{k} = d.{k}" for k in key)}
+                RETURNING {", ".join(f"c.{k}" for k in key)}, c.first_hour, c.n
+            ), sums AS (
+                SELECT {cols}, min(first_hour) AS first_hour, sum(n) AS n FROM gone
+                GROUP BY {cols} HAVING sum(n) <> 0
+            ), fixed AS (
+                INSERT INTO {table} ({cols}, first_hour, n, first_at, last_at, exact)
+                SELECT {", ".join(f"s.{k}" for k in key)}, s.first_hour, s.n,
+                       ({probe.format(order="ASC")}), ({probe.format(order="DESC")}), true
+                FROM sums s
+                RETURNING 1
+            )
+            SELECT (SELECT count(*) FROM gone) - (SELECT count(*) FROM fixed)
+            """
+        )
+        return cur.fetchone()[0]
 
     @classmethod
     def rebuild(cls):
@@ -195,8 +257,9 @@ REBUILD_COUNTS_SQL = f"""
 """
 TOTAL_KEY_SQL = "vhost, kind, source_queue, source_exchange, reason, status, group_key"
 REBUILD_TOTALS_SQL = f"""
-    INSERT INTO recovery_messagetotal ({TOTAL_KEY_SQL}, first_hour, n)
-    SELECT {TOTAL_KEY_SQL}, min(date_trunc('hour', collected_at, 'UTC')), count(*)
+    INSERT INTO recovery_messagetotal ({TOTAL_KEY_SQL}, first_hour, n, first_at, last_at, exact)
+    SELECT {TOTAL_KEY_SQL}, min(date_trunc('hour', collected_at, 'UTC')), count(*),
+           min(collected_at), max(collected_at), true
     FROM recovery_message GROUP BY 1, 2, 3, 4, 5, 6, 7
 """
 

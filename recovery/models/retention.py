@@ -8,7 +8,10 @@ discarded), so a message replayed today is kept RETENTION_DAYS from today whatev
 Pending and poisoned messages are never deleted: nobody has dealt with them yet. A message a job
 holds right now is left for the next run. The per-message rows of jobs that ended before the
 cutoff go too (the jobs keep their counts). The activity log keeps its rows (their message link
-becomes empty; the message id stays in their detail).
+becomes empty; the message id stays in their detail). Each deleted message leaves a ``deleted``
+row in the message history (recovery.models.history), in the transaction that deletes it, beside
+the rows its replays, discards and restores left there: what was done with it outlives it, for
+HISTORY_DAYS, after which this task deletes the history too.
 """
 
 import logging
@@ -19,6 +22,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from recovery.models.access import Activity
+from recovery.models.history import HistoryAction, MessageHistory
 from recovery.models.replay import ReplayJobItem
 from recovery.models.store import Message, Status
 
@@ -29,7 +33,8 @@ BATCH = 2000
 
 
 def apply_retention(days=None, now=None, batch=BATCH):
-    """Delete what retention allows; returns {"messages": n, "job_items": n, "cutoff": time}."""
+    """Delete what retention allows; returns {"messages": n, "job_items": n, "history": n,
+    "cutoff": time} (history: message history rows past HISTORY_DAYS)."""
     days = settings.RETENTION_DAYS if days is None else days
     cutoff = (now or timezone.now()) - timedelta(days=days)
     expired = (
@@ -45,19 +50,40 @@ def apply_retention(days=None, now=None, batch=BATCH):
         if not ids:
             break
         with transaction.atomic():
-            # Re-checked inside the delete: a message restored or replayed meanwhile stays.
-            _total, per_model = expired.filter(pk__in=ids).delete()
+            # Re-checked under the lock: a message restored or replayed meanwhile stays.
+            ids = list(
+                expired.filter(pk__in=ids)
+                .order_by("pk")  # rows are locked in id order, as job claims lock them
+                .select_for_update(of=("self",))
+                .values_list("pk", flat=True)
+            )
+            # What was done with them stays (recovery.models.history): a 'deleted' row each.
+            MessageHistory.record_messages(
+                ids, HistoryAction.DELETED, via="system", detail=f"retention ({days} days)"
+            )
+            _total, per_model = Message.objects.filter(pk__in=ids).delete()
         deleted += per_model.get(Message._meta.label, 0)
     # The per-message rows of jobs that ended before the cutoff (the job keeps its counts).
     items = 0
     old_items = ReplayJobItem.objects.filter(job__finished_at__lt=cutoff).order_by()
     while ids := list(old_items.values_list("pk", flat=True)[:batch]):
         items += ReplayJobItem.objects.filter(pk__in=ids).delete()[0]
-    if deleted or items:
+    history = MessageHistory.expire(now=now)
+    if deleted or items or history:
         log.info("retention: deleted %s messages changed before %s", deleted, cutoff)
         Activity.objects.create(
             action="retention",
             via="system",
-            detail={"messages": deleted, "job_items": items, "cutoff": cutoff.isoformat()},
+            detail={
+                "messages": deleted,
+                "job_items": items,
+                "history": history,
+                "cutoff": cutoff.isoformat(),
+            },
         )
-    return {"messages": deleted, "job_items": items, "cutoff": cutoff.isoformat()}
+    return {
+        "messages": deleted,
+        "job_items": items,
+        "history": history,
+        "cutoff": cutoff.isoformat(),
+    }

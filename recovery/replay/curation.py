@@ -19,6 +19,7 @@ from recovery.models import (
     RESTORABLE,
     Activity,
     Message,
+    MessageHistory,
     ReplayJobItem,
     Status,
 )
@@ -68,6 +69,7 @@ def discard_message(message, user, via="console", reason=""):
             via=via,
             detail={"reason": reason, "previous_status": row.status, "message": row.pk},
         )
+        MessageHistory.record_messages([row.pk], "discard", user=user, via=via, detail=reason)
     return Message.objects.get(pk=row.pk)
 
 
@@ -82,11 +84,14 @@ def names_a_filter(filters):
     return any(value not in (None, "") for value in filters.values())
 
 
-def _by_filter(user, via, action, filters, statuses, column, updates, detail, budget_s, batch):
+def _by_filter(
+    user, via, action, filters, statuses, column, updates, detail, budget_s, batch, history_detail
+):
     """``action`` for every message in ``statuses`` matching ``filters`` (cleaned filter data,
     at least one filter), in batches of ``batch``, oldest id first, for about ``budget_s``
     seconds (at least one batch): each batch's messages get ``updates(now)`` (an update's
-    fields) and an ``action`` activity row each, with ``detail(id, value of column)``.
+    fields) and an ``action`` activity row each, with ``detail(id, value of column)``, and a
+    history row each (MessageHistory, with ``history_detail``).
 
     Returns ``(changed, remaining)``: ``remaining`` still match (beyond the budget, held by a
     running job, or locked by a replay at that moment); call again for them. Each batch is one
@@ -124,6 +129,9 @@ def _by_filter(user, via, action, filters, statuses, column, updates, detail, bu
                 Activity(user=user, action=action, message_id=pk, via=via, detail=detail(pk, value))
                 for pk, value in rows
             )
+            MessageHistory.record_messages(
+                [pk for pk, _value in rows], action, user=user, via=via, detail=history_detail
+            )
             changed += len(rows)
         if time.monotonic() >= deadline:
             break
@@ -152,6 +160,7 @@ def discard_matching(user, filters, via="console", reason="", budget_s=None, bat
         lambda pk, status: {"reason": reason, "previous_status": status, "message": pk},
         budget_s,
         batch,
+        reason,
     )
 
 
@@ -176,6 +185,7 @@ def restore_matching(user, filters, via="console", budget_s=None, batch=None):
         lambda pk, before: {"restored_status": before or Status.PENDING, "message": pk},
         budget_s,
         batch,
+        "restored by filter",
     )
 
 
@@ -200,6 +210,9 @@ def restore_message(message, user, via="console"):
             message=row,
             via=via,
             detail={"restored_status": status, "message": row.pk},
+        )
+        MessageHistory.record_messages(
+            [row.pk], "restore", user=user, via=via, detail=f"restored to {status}"
         )
     return Message.objects.get(pk=row.pk)
 

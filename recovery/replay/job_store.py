@@ -46,7 +46,8 @@ def id_array(ids):
 # still claimed by this runner (the fence) take their outcome; a confirmed message becomes
 # replayed (count + 1), one that was replayed before and fails now needs attention again
 # (pending) and shows why; each written outcome gets its attempt and its activity row; the job
-# counts what was written. ``nacked`` and ``failed`` both count as failed on the job.
+# counts what was written, and each a history row (recovery.models.history, ``who`` is the
+# job's creator's username). ``nacked`` and ``failed`` both count as failed on the job.
 RECORD_SQL = f"""
 WITH d AS (
     -- [[item id, outcome, detail, exchange, routing key], ...]
@@ -73,6 +74,16 @@ WITH d AS (
         ORDER BY x.id FOR UPDATE OF x
     ) s
     WHERE m.id = s.id
+    RETURNING m.id, m.message_id, m.vhost, m.source_queue, m.group_key, m.group_label
+), history AS (
+    -- What was done, kept after retention deletes the message (recovery.models.history).
+    INSERT INTO recovery_messagehistory (message_id, store_id, vhost, queue, group_key,
+        group_label, action, who, via, at, job_id, outcome, target_exchange,
+        target_routing_key, detail)
+    SELECT m.message_id, m.id, m.vhost, m.source_queue, m.group_key, m.group_label, 'replay',
+           %(who)s::text, %(via)s::text, now(), %(job)s::bigint, mine.outcome, mine.exchange,
+           mine.routing_key, mine.detail
+    FROM mine JOIN messages m ON m.id = mine.message_id
 ), attempts AS (
     INSERT INTO recovery_replayattempt (message_id, job_id, user_id, exchange, routing_key,
                                         outcome, detail, edited, created_at)
@@ -113,6 +124,7 @@ class JobStore:
         self.previous_runner = None
         # Claims walk the job's pending items upwards from here (see claim).
         self.cursor = 0
+        self._username = (None, "")  # (user id, its username): see username()
 
     def connect(self):
         if self.pg is None or self.pg.closed:
@@ -356,6 +368,7 @@ class JobStore:
                     "me": self.runner_id,
                     "job": self.job_id,
                     "user": user_id,
+                    "who": self.username(user_id),
                     "via": via,
                 },
             )
@@ -364,6 +377,24 @@ class JobStore:
         for outcome, n in written:
             counts[outcome] += n
         return counts
+
+    def username(self, user_id):
+        """The username of ``user_id`` ('' for none, or a user deleted since), looked up once:
+        the history keeps the name, which outlives the user."""
+        if user_id is None:
+            return ""
+        if self._username[0] != user_id:
+            from django.contrib.auth import get_user_model
+
+            model = get_user_model()
+            row = self.execute(
+                f"SELECT {model._meta.get_field(model.USERNAME_FIELD).column} "
+                f"FROM {model._meta.db_table} "
+                f"WHERE {model._meta.pk.column} = %s",
+                (user_id,),
+            ).fetchone()
+            self._username = (user_id, row[0] if row is not None else "")
+        return self._username[1]
 
     def release(self, item_ids, detail=""):
         """Claimed items go back to pending (not sent, or their outcome is unknown)."""

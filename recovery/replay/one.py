@@ -20,6 +20,7 @@ from recovery.models import (
     Activity,
     Message,
     MessageEdit,
+    MessageHistory,
     ReplayAttempt,
     ReplayJobItem,
     Status,
@@ -148,12 +149,19 @@ def record_outcome(
             edit.attempt = attempt
             edit.save(update_fields=["attempt"])
             activity_detail["edit"] = edit.pk
+        action = "edit_replay" if edited else "replay"
         Activity.objects.create(
+            user=user, action=action, message=message, via=via, detail=activity_detail
+        )
+        MessageHistory.record_messages(
+            [message.pk],
+            action,
             user=user,
-            action="edit_replay" if edited else "replay",
-            message=message,
             via=via,
-            detail=activity_detail,
+            outcome=outcome,
+            exchange=exchange,
+            routing_key=routing_key,
+            detail=detail,
         )
     return attempt
 

@@ -43,6 +43,7 @@ ENDPOINTS = [
     ("POST", "/api/v1/replay-jobs/{paused_job}/resume", OPERATOR, 200, None),
     ("GET", "/api/v1/groups", VIEWER, 200, None),
     ("GET", "/api/v1/stats", VIEWER, 200, None),
+    ("GET", "/api/v1/history", VIEWER, 200, None),
     ("GET", "/api/v1/audits", VIEWER, 200, None),
     ("GET", "/api/v1/audits/{audit}", VIEWER, 200, None),
     ("GET", "/api/v1/audits/{audit}/evidence", VIEWER, 200, None),

@@ -16,6 +16,7 @@ PAGES = [
     "/groups/",
     "/jobs/",
     "/activity/",
+    "/history/",
     "/audits/",
 ]
 OPERATOR_POSTS = [
