@@ -12,6 +12,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from console.access import operator_required, viewer_required
 from console.forms.replay import DiscardForm, EditReplayForm, TargetForm, add_engine_errors
+from recovery.bodies import decode_message, needs_decoding
 from recovery.client import headers as header_codec
 from recovery.errors import BrokerUnavailable, ReplayError
 from recovery.models import Message, attach_died_again, mark_died_again
@@ -46,6 +47,20 @@ def body_views(body):
     )
     views["hex_truncated"] = len(body) > len(shown)
     views["default"] = "json" if views["json"] else "text" if views["text"] is not None else "hex"
+    return views
+
+
+def message_body_views(message):
+    """body_views, plus the decoded form where the properties name a chain (gzip, msgpack...):
+    shown first when it decodes; when it does not, the reason above the raw forms."""
+    views = body_views(message.body_bytes)
+    views["decoded"] = None
+    if needs_decoding(message.content_type, message.content_encoding):
+        decoded = decode_message(message)
+        views["decoded"] = decoded
+        views["decoded_text"] = (decoded.text or "")[:TEXT_LIMIT]
+        if decoded.error is None and decoded.text is not None:
+            views["default"] = "decoded"
     return views
 
 
@@ -87,7 +102,7 @@ def _detail_context(message, target_form=None, discard_form=None, error=None):
     attach_died_again([message])  # afresh: after a replay the cached answer is stale
     return {
         "message": message,
-        "body": body_views(message.body_bytes),
+        "body": message_body_views(message),
         "headers": display_rows(message.headers, skip=("x-death",)),
         "properties": display_rows(message.properties),
         "deaths": death_timeline(message),

@@ -19,6 +19,8 @@ from django.conf import settings
 from django.db import connection
 
 from recovery import db
+from recovery.bodies import decode
+from recovery.bodies.decode import MSGPACK_TYPES
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +31,21 @@ SEARCH_DOCUMENT_SQL = (
     "(message_id || ' ' || correlation_id || ' ' || left(headers::text, 8192) || ' ' || "
     "encode(substring(body from 1 for 8192), 'escape'))"
 )
+
+# Bodies whose stored bytes are not what a reader should find (compressed, MessagePack:
+# recovery.bodies.needs_decoding, said again in SQL) get their document from Python instead:
+# the decoded text, cut at the same 8 KiB, each layer inflated no further than DECODE_LIMIT.
+NEEDS_DECODING_SQL = (
+    "(lower(btrim(content_encoding)) NOT IN ('', 'identity') OR "
+    "lower(btrim(split_part(content_type, ';', 1))) IN ("
+    + ", ".join(f"'{t}'" for t in sorted(MSGPACK_TYPES))
+    + "))"
+)
+DOCUMENT_CHARS = 8192
+DECODE_LIMIT = 64 * 1024
+# How much of a compressed body is read to find its first DOCUMENT_CHARS (a truncated stream
+# still yields what precedes the cut).
+COMPRESSED_READ = 1024 * 1024
 
 MESSAGES = "recovery_message"
 DOCUMENTS = "recovery_messagesearch"
@@ -49,16 +66,43 @@ LOCK_KEY = 0x5EA5C4
 
 def _index_range(low, high):
     """Index the messages with low < id <= high that have no document yet; how many."""
+    unindexed = (
+        f"FROM {MESSAGES} m WHERE m.id > %s AND m.id <= %s AND NOT EXISTS "
+        f"(SELECT 1 FROM {DOCUMENTS} d WHERE d.message_id = m.id)"
+    )
     with connection.cursor() as cur:
         cur.execute(
             f"INSERT INTO {DOCUMENTS} (message_id, document) "
-            f"SELECT m.id, {SEARCH_DOCUMENT_SQL} FROM {MESSAGES} m WHERE m.id > %s "
-            f"AND m.id <= %s AND NOT EXISTS "
-            f"(SELECT 1 FROM {DOCUMENTS} d WHERE d.message_id = m.id) "
+            f"SELECT m.id, {SEARCH_DOCUMENT_SQL} {unindexed} AND NOT {NEEDS_DECODING_SQL} "
             "ON CONFLICT (message_id) DO NOTHING",
             [low, high],
         )
-        return cur.rowcount
+        indexed = cur.rowcount
+        cur.execute(
+            "SELECT m.id, m.message_id || ' ' || m.correlation_id || ' ' || "
+            "left(m.headers::text, 8192), substring(m.body from 1 for %s), m.content_type, "
+            f"m.content_encoding {unindexed} AND {NEEDS_DECODING_SQL}",
+            [COMPRESSED_READ, low, high],
+        )
+        rows = [
+            (pk, f"{ids} {_decoded_text(body, content_type, encoding)}")
+            for pk, ids, body, content_type, encoding in cur.fetchall()
+        ]
+        if rows:
+            cur.executemany(
+                f"INSERT INTO {DOCUMENTS} (message_id, document) VALUES (%s, %s) "
+                "ON CONFLICT (message_id) DO NOTHING",
+                rows,
+            )
+            indexed += len(rows)
+        return indexed
+
+
+def _decoded_text(body, content_type, encoding):
+    """A compressed or binary body's document text: decoded, or as stored where it cannot be."""
+    decoded = decode(bytes(body), content_type, encoding, limit=DECODE_LIMIT, partial=True)
+    text = decoded.search_text(DOCUMENT_CHARS)
+    return text.replace("\x00", "")  # PostgreSQL text holds no NUL
 
 
 def high_water():
