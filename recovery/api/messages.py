@@ -68,7 +68,16 @@ class MessageDetail(generics.RetrieveAPIView):
     queryset = Message.objects.all()
 
 
-BODY_FIELDS = ("id", "body", "content_type", "content_encoding")
+BODY_FIELDS = (
+    "id",
+    "body",
+    "content_type",
+    "content_encoding",
+    "vhost",
+    "source_queue",
+    "source_exchange",
+    "properties",
+)
 
 
 class BodyParams(serializers.Serializer):

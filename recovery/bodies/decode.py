@@ -52,6 +52,8 @@ class Decoded:
 
     chain: list[str]
     data: bytes
+    layers: list[str] = dataclasses.field(default_factory=list)
+    document: "Document | None" = None
     value: object = None
     text: str | None = None
     error: str | None = None
@@ -70,6 +72,16 @@ class Decoded:
     def editable(self):
         """Whether an edited rendering can be encoded back through the same chain."""
         return self.error is None and not self.truncated and self.value is not None
+
+    def encode(self, value):
+        """The bytes for an edited ``value`` through the same chain (the document's encoder,
+        then each byte layer again); DecodeError names what does not fit."""
+        if not self.editable or self.document is None:
+            raise DecodeError("this body was not decoded into a document: edit it raw")
+        data = self.document.serialize(value)
+        for layer in self.layers:
+            data = ENCODERS[layer](data)
+        return data
 
     def search_text(self, limit):
         """The first ``limit`` characters a search should see (compact JSON, or the text)."""
@@ -102,13 +114,23 @@ def needs_decoding(content_type, content_encoding):
     return bool(encodings(content_encoding)) or document_kind(content_type) == "msgpack"
 
 
-def decode(body, content_type="", content_encoding="", limit=DEFAULT_LIMIT, partial=False):
+def decode(
+    body,
+    content_type="",
+    content_encoding="",
+    limit=DEFAULT_LIMIT,
+    partial=False,
+    document=None,
+    layers=None,
+):
     """Undo the chain the properties name; never raises for what a sender put in the body.
 
+    ``document`` (a Document) and ``layers`` come from an admin's decoder rule: the rule's
+    document wins over the content type; its layers apply when the message names none.
     ``partial``: a stream that ends early yields what precedes the cut, marked ``truncated``
     (the search index reads only a body's first bytes), instead of an error."""
     result = Decoded(chain=[], data=bytes(body))
-    for layer in reversed(encodings(content_encoding)):
+    for layer in reversed(encodings(content_encoding) or list(layers or ())):
         step = BYTE_LAYERS.get(layer)
         if step is None:
             result.error = f"unknown content_encoding {layer!r}: shown as stored"
@@ -119,6 +141,7 @@ def decode(body, content_type="", content_encoding="", limit=DEFAULT_LIMIT, part
             result.error = f"{layer}: {exc}"
             return result
         result.chain.append(layer)
+        result.layers.insert(0, layer)
         if cut:
             result.truncated = True
             result.error = (
@@ -129,10 +152,12 @@ def decode(body, content_type="", content_encoding="", limit=DEFAULT_LIMIT, part
             result.text = result.data.decode("utf-8", "replace")
             return result
     kind = document_kind(content_type)
-    if kind == "msgpack":
-        _document(result, "msgpack", _unpack)
+    if document is not None:
+        _document(result, document)
+    elif kind == "msgpack":
+        _document(result, MSGPACK)
     elif kind == "json" or kind is None:
-        _document(result, "json", _json, quiet=kind is None)
+        _document(result, JSON, quiet=kind is None)
     if result.text is None and result.chain:
         try:
             result.text = result.data.decode("utf-8")
@@ -141,18 +166,55 @@ def decode(body, content_type="", content_encoding="", limit=DEFAULT_LIMIT, part
     return result
 
 
-def _document(result, name, parse, quiet=False):
+def _document(result, document, quiet=False):
     try:
-        value = parse(result.data)
+        value = document.parse(result.data)
     except DecodeError as exc:
         if not quiet:
-            result.error = f"{name}: {exc}"
+            result.error = f"{document.label}: {exc}"
         return
     if quiet and not isinstance(value, dict | list):
         return  # "42" or "true" without a content type is text, not a JSON document
-    result.chain.append(name)
+    result.chain.append(document.label)
+    result.document = document
     result.value = value
     result.text = json.dumps(value, indent=2, ensure_ascii=False, default=_jsonable)
+
+
+class Document:
+    """What the innermost bytes are: parsed into a JSON-able value, and serialized back."""
+
+    label = "document"
+
+    def parse(self, data):
+        raise NotImplementedError
+
+    def serialize(self, value):
+        raise NotImplementedError
+
+
+class JsonDocument(Document):
+    label = "json"
+
+    def parse(self, data):
+        return _json(data)
+
+    def serialize(self, value):
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+class MsgpackDocument(Document):
+    label = "msgpack"
+
+    def parse(self, data):
+        return _unpack(data)
+
+    def serialize(self, value):
+        return msgpack.packb(_from_plain(value), use_bin_type=True)
+
+
+JSON = JsonDocument()
+MSGPACK = MsgpackDocument()
 
 
 def _json(data):
@@ -252,21 +314,7 @@ def _base64(data, limit, partial):
 BYTE_LAYERS = {"gzip": _gzip, "deflate": _deflate, "zstd": _zstd, "base64": _base64}
 
 
-# Encoding back (edit-and-replay on the decoded form): the same chain, innermost first.
-
-
-def encode(value, chain):
-    """The bytes for an edited document ``value`` through ``chain`` (as ``Decoded.chain``)."""
-    steps = list(chain)
-    if steps and steps[-1] == "json":
-        data = json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-    elif steps and steps[-1] == "msgpack":
-        data = msgpack.packb(_from_plain(value), use_bin_type=True)
-    else:
-        raise DecodeError("only a JSON or MessagePack document can be edited decoded")
-    for layer in reversed(steps[:-1]):
-        data = ENCODERS[layer](data)
-    return data
+# Encoding back (edit-and-replay on the decoded form): Decoded.encode.
 
 
 def _from_plain(value):

@@ -19,8 +19,9 @@ from django.conf import settings
 from django.db import connection
 
 from recovery import db
-from recovery.bodies import decode
+from recovery.bodies import decode_with
 from recovery.bodies.decode import MSGPACK_TYPES
+from recovery.models import DecoderRule
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,8 @@ LOCK_KEY = 0x5EA5C4
 
 def _index_range(low, high):
     """Index the messages with low < id <= high that have no document yet; how many."""
+    rules = list(DecoderRule.objects.all())
+    decoding, decoding_args = _decoding_sql(rules)
     unindexed = (
         f"FROM {MESSAGES} m WHERE m.id > %s AND m.id <= %s AND NOT EXISTS "
         f"(SELECT 1 FROM {DOCUMENTS} d WHERE d.message_id = m.id)"
@@ -73,21 +76,19 @@ def _index_range(low, high):
     with connection.cursor() as cur:
         cur.execute(
             f"INSERT INTO {DOCUMENTS} (message_id, document) "
-            f"SELECT m.id, {SEARCH_DOCUMENT_SQL} {unindexed} AND NOT {NEEDS_DECODING_SQL} "
+            f"SELECT m.id, {SEARCH_DOCUMENT_SQL} {unindexed} AND NOT {decoding} "
             "ON CONFLICT (message_id) DO NOTHING",
-            [low, high],
+            [low, high, *decoding_args],
         )
         indexed = cur.rowcount
         cur.execute(
             "SELECT m.id, m.message_id || ' ' || m.correlation_id || ' ' || "
             "left(m.headers::text, 8192), substring(m.body from 1 for %s), m.content_type, "
-            f"m.content_encoding {unindexed} AND {NEEDS_DECODING_SQL}",
-            [COMPRESSED_READ, low, high],
+            "m.content_encoding, m.vhost, m.source_queue, m.source_exchange, "
+            f"coalesce(m.properties->>'type', '') {unindexed} AND {decoding}",
+            [COMPRESSED_READ, low, high, *decoding_args],
         )
-        rows = [
-            (pk, f"{ids} {_decoded_text(body, content_type, encoding)}")
-            for pk, ids, body, content_type, encoding in cur.fetchall()
-        ]
+        rows = [(row[0], f"{row[1]} {_decoded_text(rules, *row[2:])}") for row in cur.fetchall()]
         if rows:
             cur.executemany(
                 f"INSERT INTO {DOCUMENTS} (message_id, document) VALUES (%s, %s) "
@@ -98,9 +99,23 @@ def _index_range(low, high):
         return indexed
 
 
-def _decoded_text(body, content_type, encoding):
-    """A compressed or binary body's document text: decoded, or as stored where it cannot be."""
-    decoded = decode(bytes(body), content_type, encoding, limit=DECODE_LIMIT, partial=True)
+def _decoding_sql(rules):
+    """Which rows get their document from Python: properties naming a chain, or a rule's match."""
+    parts, args = [NEEDS_DECODING_SQL], []
+    for rule in rules:
+        sql, rule_args = rule.sql()
+        parts.append(sql)
+        args += rule_args
+    return "(" + " OR ".join(parts) + ")", args
+
+
+def _decoded_text(rules, body, content_type, encoding, vhost, queue, exchange, message_type):
+    """A compressed or binary body's document text: decoded, or as stored where it cannot be
+    (a registry that is down: the body is indexed as stored, and found by its raw bytes)."""
+    rule = DecoderRule.first_match(vhost, queue, exchange, rules)
+    decoded = decode_with(
+        rule, bytes(body), content_type, encoding, message_type, limit=DECODE_LIMIT, partial=True
+    )
     text = decoded.search_text(DOCUMENT_CHARS)
     return text.replace("\x00", "")  # PostgreSQL text holds no NUL
 
