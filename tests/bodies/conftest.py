@@ -39,10 +39,8 @@ AVRO_SCHEMA = {
 }
 
 
-@pytest.fixture(scope="session")
-def proto(tmp_path_factory):
-    """(descriptor set bytes, {type name: message class}) from protoc itself."""
-    folder = tmp_path_factory.mktemp("proto")
+def compile_orders_proto(folder):
+    """(descriptor set bytes, {type name: message class}) from protoc itself, in ``folder``."""
     (folder / "orders.proto").write_text(PROTO)
     out = folder / "orders.desc"
     subprocess.run(
@@ -66,6 +64,11 @@ def proto(tmp_path_factory):
         for name in ("OrderCreated", "Refund")
     }
     return data, classes
+
+
+@pytest.fixture(scope="session")
+def proto(tmp_path_factory):
+    return compile_orders_proto(tmp_path_factory.mktemp("proto"))
 
 
 class Registry:
