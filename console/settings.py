@@ -348,6 +348,12 @@ COLLECTOR_PREFETCH = env_int("COLLECTOR_PREFETCH", 2000, minimum=1)
 COLLECTOR_BATCH_SIZE = env_int("COLLECTOR_BATCH_SIZE", 500, minimum=1)
 COLLECTOR_FLUSH_SECONDS = env_float("COLLECTOR_FLUSH_SECONDS", 0.2)
 COLLECTOR_MAX_BODY_BYTES = env_int("COLLECTOR_MAX_BODY_BYTES", 64 * 1024 * 1024, minimum=1)
+# How far one byte layer of a body (gzip, deflate, zstd) may inflate when the console, the API or
+# the search index decodes it (recovery.bodies): past it the decoded form is cut and labelled.
+BODY_DECODE_LIMIT = env_int("BODY_DECODE_LIMIT", 16 * 1024 * 1024, minimum=1024)
+# Seconds to wait for a schema registry (a decoder rule's Avro schemas by id) before the body
+# is shown raw with the reason.
+SCHEMA_REGISTRY_TIMEOUT = env_float("SCHEMA_REGISTRY_TIMEOUT", 3.0)
 # Bytes the prefetch window may hold per source: RabbitMQ's prefetch counts messages, so the
 # collector derives the count from this and the body sizes it sees
 # (recovery.collector.consumer.Window).

@@ -6,6 +6,7 @@ from django import forms
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
+from recovery.bodies import DecodeError
 from recovery.broker.codec import json_headers_problem
 from recovery.replay import options as job_options
 from recovery.search.filters import MessageFilterForm
@@ -84,12 +85,37 @@ class EditReplayForm(TargetForm):
         strip=False,
     )
 
-    def __init__(self, *args, body_editable=True, **kwargs):
+    def __init__(self, *args, body_editable=True, decoded=None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.body_editable = body_editable
-        if not body_editable:
+        self.body_editable = body_editable or decoded is not None
+        # The decoded form (recovery.bodies) is edited as JSON and encoded back through the same
+        # chain; a value that does not fit the schema is this field's error.
+        self.decoded = decoded
+        if decoded is not None:
+            self.fields[
+                "body"
+            ].help_text = (
+                f"Decoded ({decoded.label}): the edit is encoded back through the same chain."
+            )
+        elif not body_editable:
             self.fields["body"].disabled = True
             self.fields["body"].help_text = "The body is not UTF-8 text; it is replayed as is."
+
+    def clean_body(self):
+        body = self.cleaned_data["body"]
+        if self.decoded is None:
+            return body
+        try:
+            value = json.loads(body)
+        except ValueError as exc:
+            raise ValidationError(f"The decoded form must stay JSON: {exc}") from None
+        except RecursionError:
+            raise ValidationError("Not valid JSON: nested too deep.") from None
+        try:
+            self.encoded = self.decoded.encode(value)
+        except DecodeError as exc:
+            raise ValidationError(f"Cannot encode it back: {exc}") from None
+        return body
 
     def clean_headers(self):
         raw = self.cleaned_data["headers"].strip()
@@ -110,6 +136,8 @@ class EditReplayForm(TargetForm):
         return value
 
     def body_bytes(self):
+        if self.decoded is not None:
+            return self.encoded
         if not self.body_editable:
             return None
         return self.cleaned_data["body"].encode("utf-8")

@@ -12,6 +12,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from console.access import operator_required, viewer_required
 from console.forms.replay import DiscardForm, EditReplayForm, TargetForm, add_engine_errors
+from recovery.bodies import applies, decode_message
 from recovery.client import headers as header_codec
 from recovery.errors import BrokerUnavailable, ReplayError
 from recovery.models import Message, attach_died_again, mark_died_again
@@ -46,6 +47,21 @@ def body_views(body):
     )
     views["hex_truncated"] = len(body) > len(shown)
     views["default"] = "json" if views["json"] else "text" if views["text"] is not None else "hex"
+    return views
+
+
+def message_body_views(message):
+    """body_views, plus the decoded form where the properties or an admin's decoder rule name a
+    chain (gzip, msgpack, protobuf...): shown first when it decodes; when it does not, the
+    reason above the raw forms."""
+    views = body_views(message.body_bytes)
+    views["decoded"] = None
+    if applies(message):
+        decoded = decode_message(message)
+        views["decoded"] = decoded
+        views["decoded_text"] = (decoded.text or "")[:TEXT_LIMIT]
+        if decoded.error is None and decoded.text is not None:
+            views["default"] = "decoded"
     return views
 
 
@@ -87,7 +103,7 @@ def _detail_context(message, target_form=None, discard_form=None, error=None):
     attach_died_again([message])  # afresh: after a replay the cached answer is stale
     return {
         "message": message,
-        "body": body_views(message.body_bytes),
+        "body": message_body_views(message),
         "headers": display_rows(message.headers, skip=("x-death",)),
         "properties": display_rows(message.properties),
         "deaths": death_timeline(message),
@@ -203,8 +219,12 @@ def message_edit(request, pk):
     message = get_object_or_404(Message, pk=pk)
     body = body_views(message.body_bytes)
     body_editable = body["text"] is not None and not body["text_truncated"]
+    # A decodable document is edited decoded unless the operator asked for the raw text.
+    decoded = decode_message(message) if applies(message) else None
+    raw = (request.POST if request.method == "POST" else request.GET).get("raw") == "1"
+    as_decoded = decoded if decoded is not None and decoded.editable and not raw else None
     if request.method == "POST":
-        form = EditReplayForm(request.POST, body_editable=body_editable)
+        form = EditReplayForm(request.POST, body_editable=body_editable, decoded=as_decoded)
         if form.is_valid():
             try:
                 attempt = edit_and_replay(
@@ -227,9 +247,11 @@ def message_edit(request, pk):
                 )
                 return redirect("message", pk=message.pk)
     else:
+        shown = as_decoded.text if as_decoded is not None else body["text"] or ""
         form = EditReplayForm(
-            initial={"headers": editable_headers(message), "body": body["text"] or ""},
+            initial={"headers": editable_headers(message), "body": shown},
             body_editable=body_editable,
+            decoded=as_decoded,
         )
     exchange, routing_key = message.default_target()
     ctx = {
@@ -237,6 +259,10 @@ def message_edit(request, pk):
         "form": form,
         "default_exchange": exchange,
         "default_routing_key": routing_key,
+        "decoded": decoded,
+        "as_decoded": as_decoded is not None,
+        "raw": raw,
+        "body_editable": body_editable,
     }
     return render(request, "messages/edit.html", ctx)
 

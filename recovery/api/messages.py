@@ -1,8 +1,10 @@
 """messages: list (filters, cursor pagination), detail, replay (target, edits), discard, restore."""
 
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import generics, serializers
 from rest_framework.decorators import api_view
 from rest_framework.exceptions import ValidationError
@@ -18,6 +20,7 @@ from recovery.api.serializers import (
     ReplayAttemptSerializer,
     ReplayRequestSerializer,
 )
+from recovery.bodies import decode_message
 from recovery.errors import BrokerUnavailable, ReplayError, StateError
 from recovery.models import Message, ReplayAttempt, attach_died_again
 from recovery.replay import (
@@ -63,6 +66,77 @@ class MessageList(generics.ListAPIView):
 class MessageDetail(generics.RetrieveAPIView):
     serializer_class = MessageDetailSerializer
     queryset = Message.objects.all()
+
+
+BODY_FIELDS = (
+    "id",
+    "body",
+    "content_type",
+    "content_encoding",
+    "vhost",
+    "source_queue",
+    "source_exchange",
+    "properties",
+)
+
+
+class BodyParams(serializers.Serializer):
+    decoded = serializers.BooleanField(required=False, default=False)
+
+
+class DecodedBodySerializer(serializers.Serializer):
+    chain = serializers.ListField(
+        child=serializers.CharField(),
+        help_text='The steps undone, outermost first: ["gzip", "json"].',
+    )
+    label = serializers.CharField(help_text='The chain as shown in the console: "gzip → json".')
+    value = serializers.JSONField(
+        allow_null=True, help_text="The document, where the last step maps to JSON."
+    )
+    text = serializers.CharField(
+        allow_null=True, help_text="The readable form (pretty JSON, text)."
+    )
+    error = serializers.CharField(
+        allow_null=True, help_text="Why the chain stopped early (the raw bytes are the default)."
+    )
+    truncated = serializers.BooleanField(
+        help_text="A layer inflated past BODY_DECODE_LIMIT and was cut (value is then null)."
+    )
+
+
+@extend_schema(
+    summary="A message's body: the raw bytes, or decoded",
+    parameters=[BodyParams],
+    description="Raw bytes by default. `decoded=true`: the decoded form (content_encoding "
+    "gzip/deflate/zstd/base64, then JSON or MessagePack) as JSON with its chain; a body that "
+    "does not decode says why in `error`, and a layer that inflates past BODY_DECODE_LIMIT is "
+    "cut (`truncated`).",
+    responses={
+        (200, "application/octet-stream"): OpenApiResponse(OpenApiTypes.BINARY, "The raw bytes."),
+        (200, "application/json"): DecodedBodySerializer,
+    },
+)
+@api_view(["GET"])
+def body(request, pk):
+    message = get_object_or_404(Message.objects.only(*BODY_FIELDS), pk=pk)
+    if not validated(BodyParams, request.query_params)["decoded"]:
+        response = HttpResponse(message.body_bytes, content_type="application/octet-stream")
+        response["Content-Disposition"] = f'attachment; filename="message-{message.pk}.bin"'
+        response["X-Content-Type-Options"] = "nosniff"
+        return response
+    result = decode_message(message)
+    return Response(
+        DecodedBodySerializer(
+            {
+                "chain": result.chain,
+                "label": result.label,
+                "value": result.value,
+                "text": result.text,
+                "error": result.error,
+                "truncated": result.truncated,
+            }
+        ).data
+    )
 
 
 # The engine names target/edit fields as the console form does; the API request names them so.

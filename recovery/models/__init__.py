@@ -9,6 +9,7 @@
 - alerts: alert rules, their transitions, notification channels and the notification outbox
 - broker: the broker's own tally of dead-lettered and dropped messages against the store
 - retention: what leaves the store after RETENTION_DAYS, store-wide
+- decoders: admins' rules for reading bodies (protobuf, Avro, MessagePack) per queue
 - tasks: the store's Celery beat tasks (retention, folding the counts)
 """
 
@@ -45,6 +46,7 @@ from recovery.models.counts import (
     hourly_sums,
     rollup_sums,
 )
+from recovery.models.decoders import DecoderRule
 from recovery.models.history import HistoryAction, MessageHistory
 from recovery.models.replay import (
     MessageEdit,
@@ -71,6 +73,7 @@ from recovery.models.store import (
 
 __all__ = [
     "BrokerTally",
+    "DecoderRule",
     "COUNT_KEY_SQL",
     "DIED_AGAIN",
     "DISCARDABLE",

@@ -19,6 +19,9 @@ from django.conf import settings
 from django.db import connection
 
 from recovery import db
+from recovery.bodies import decode_with
+from recovery.bodies.decode import MSGPACK_TYPES
+from recovery.models import DecoderRule
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +32,21 @@ SEARCH_DOCUMENT_SQL = (
     "(message_id || ' ' || correlation_id || ' ' || left(headers::text, 8192) || ' ' || "
     "encode(substring(body from 1 for 8192), 'escape'))"
 )
+
+# Bodies whose stored bytes are not what a reader should find (compressed, MessagePack:
+# recovery.bodies.needs_decoding, said again in SQL) get their document from Python instead:
+# the decoded text, cut at the same 8 KiB, each layer inflated no further than DECODE_LIMIT.
+NEEDS_DECODING_SQL = (
+    "(lower(btrim(content_encoding)) NOT IN ('', 'identity') OR "
+    "lower(btrim(split_part(content_type, ';', 1))) IN ("
+    + ", ".join(f"'{t}'" for t in sorted(MSGPACK_TYPES))
+    + "))"
+)
+DOCUMENT_CHARS = 8192
+DECODE_LIMIT = 64 * 1024
+# How much of a compressed body is read to find its first DOCUMENT_CHARS (a truncated stream
+# still yields what precedes the cut).
+COMPRESSED_READ = 1024 * 1024
 
 MESSAGES = "recovery_message"
 DOCUMENTS = "recovery_messagesearch"
@@ -49,16 +67,57 @@ LOCK_KEY = 0x5EA5C4
 
 def _index_range(low, high):
     """Index the messages with low < id <= high that have no document yet; how many."""
+    rules = list(DecoderRule.objects.all())
+    decoding, decoding_args = _decoding_sql(rules)
+    unindexed = (
+        f"FROM {MESSAGES} m WHERE m.id > %s AND m.id <= %s AND NOT EXISTS "
+        f"(SELECT 1 FROM {DOCUMENTS} d WHERE d.message_id = m.id)"
+    )
     with connection.cursor() as cur:
         cur.execute(
             f"INSERT INTO {DOCUMENTS} (message_id, document) "
-            f"SELECT m.id, {SEARCH_DOCUMENT_SQL} FROM {MESSAGES} m WHERE m.id > %s "
-            f"AND m.id <= %s AND NOT EXISTS "
-            f"(SELECT 1 FROM {DOCUMENTS} d WHERE d.message_id = m.id) "
+            f"SELECT m.id, {SEARCH_DOCUMENT_SQL} {unindexed} AND NOT {decoding} "
             "ON CONFLICT (message_id) DO NOTHING",
-            [low, high],
+            [low, high, *decoding_args],
         )
-        return cur.rowcount
+        indexed = cur.rowcount
+        cur.execute(
+            "SELECT m.id, m.message_id || ' ' || m.correlation_id || ' ' || "
+            "left(m.headers::text, 8192), substring(m.body from 1 for %s), m.content_type, "
+            "m.content_encoding, m.vhost, m.source_queue, m.source_exchange, "
+            f"coalesce(m.properties->>'type', '') {unindexed} AND {decoding}",
+            [COMPRESSED_READ, low, high, *decoding_args],
+        )
+        rows = [(row[0], f"{row[1]} {_decoded_text(rules, *row[2:])}") for row in cur.fetchall()]
+        if rows:
+            cur.executemany(
+                f"INSERT INTO {DOCUMENTS} (message_id, document) VALUES (%s, %s) "
+                "ON CONFLICT (message_id) DO NOTHING",
+                rows,
+            )
+            indexed += len(rows)
+        return indexed
+
+
+def _decoding_sql(rules):
+    """Which rows get their document from Python: properties naming a chain, or a rule's match."""
+    parts, args = [NEEDS_DECODING_SQL], []
+    for rule in rules:
+        sql, rule_args = rule.sql()
+        parts.append(sql)
+        args += rule_args
+    return "(" + " OR ".join(parts) + ")", args
+
+
+def _decoded_text(rules, body, content_type, encoding, vhost, queue, exchange, message_type):
+    """A compressed or binary body's document text: decoded, or as stored where it cannot be
+    (a registry that is down: the body is indexed as stored, and found by its raw bytes)."""
+    rule = DecoderRule.first_match(vhost, queue, exchange, rules)
+    decoded = decode_with(
+        rule, bytes(body), content_type, encoding, message_type, limit=DECODE_LIMIT, partial=True
+    )
+    text = decoded.search_text(DOCUMENT_CHARS)
+    return text.replace("\x00", "")  # PostgreSQL text holds no NUL
 
 
 def high_water():

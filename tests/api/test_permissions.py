@@ -30,6 +30,7 @@ ORDER = [None, VIEWER, OPERATOR, ADMIN]
 ENDPOINTS = [
     ("GET", "/api/v1/messages", VIEWER, 200, None),
     ("GET", "/api/v1/messages/{message}", VIEWER, 200, None),
+    ("GET", "/api/v1/messages/{message}/body", VIEWER, 200, None),
     ("POST", "/api/v1/messages/{message}/replay", OPERATOR, 200, {}),
     ("POST", "/api/v1/messages/{message}/discard", OPERATOR, 200, {"reason": "matrix"}),
     ("POST", "/api/v1/messages/{discarded}/restore", OPERATOR, 200, None),

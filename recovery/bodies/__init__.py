@@ -1,0 +1,60 @@
+"""Bodies an operator can read: compressed, binary and schema'd bodies decoded for the console,
+the API and the search index (recovery.bodies.decode has the chain and its limits,
+recovery.bodies.schemas the protobuf and Avro documents, recovery.models.DecoderRule the
+admin's rules)."""
+
+from django.conf import settings
+
+from recovery.bodies.decode import Decoded, DecodeError, decode, encodings, needs_decoding
+
+__all__ = ["Decoded", "DecodeError", "decode", "decode_message", "needs_decoding"]
+
+
+def decode_message(message, rules=None, limit=None, partial=False):
+    """The chain for a stored message: its properties, and the first decoder rule that matches
+    its vhost, queue and exchange (``rules``: already loaded, e.g. once per indexer batch)."""
+    from recovery.models import DecoderRule
+
+    rule = DecoderRule.first_match(
+        message.vhost, message.source_queue, message.source_exchange, rules
+    )
+    return decode_with(
+        rule,
+        message.body_bytes,
+        message.content_type,
+        message.content_encoding,
+        (message.properties or {}).get("type") or "",
+        limit=limit,
+        partial=partial,
+    )
+
+
+def decode_with(
+    rule, body, content_type, content_encoding, message_type="", limit=None, partial=False
+):
+    limit = limit or settings.BODY_DECODE_LIMIT
+    if rule is None:
+        return decode(body, content_type, content_encoding, limit=limit, partial=partial)
+    try:
+        document = rule.document(message_type)
+    except DecodeError as exc:
+        return Decoded(chain=[], data=bytes(body), error=f"decoder rule {rule.name!r}: {exc}")
+    return decode(
+        body,
+        content_type,
+        content_encoding,
+        limit=limit,
+        partial=partial,
+        document=document,
+        layers=[] if encodings(content_encoding) else encodings(rule.content_encoding),
+    )
+
+
+def applies(message, rules=None):
+    """Whether the console should show a decoded form: the properties or a rule name a chain."""
+    from recovery.models import DecoderRule
+
+    return needs_decoding(message.content_type, message.content_encoding) or (
+        DecoderRule.first_match(message.vhost, message.source_queue, message.source_exchange, rules)
+        is not None
+    )
