@@ -192,21 +192,29 @@ MIDDLEWARE = [
     "axes.middleware.AxesMiddleware",
 ]
 
-# Login throttling (django-axes): after LOGIN_FAILURE_LIMIT failed logins for one username, or
-# from one client address, further attempts are refused (429) for LOGIN_LOCKOUT_MINUTES or until
-# an admin unlocks them on the users page. API tokens are not passwords and are not affected.
+# Login throttling (console/login_guard.py, django-axes): LOGIN_FAILURE_LIMIT failed logins of
+# one username from one client address lock that pair for LOGIN_LOCKOUT_MINUTES (or until an admin
+# unlocks it on the users page); LOGIN_ADDRESS_FAILURE_LIMIT failures from one address across
+# usernames refuse that address; a username failing from several addresses is slowed to one
+# attempt per LOGIN_SLOWDOWN_SECONDS per address, never locked. API tokens are not passwords and
+# are not affected.
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
 AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 10, minimum=1)
 AXES_COOLOFF_TIME = datetime.timedelta(minutes=env_int("LOGIN_LOCKOUT_MINUTES", 30, minimum=1))
-AXES_LOCKOUT_PARAMETERS = [["username"], ["ip_address"]]
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_VERBOSE = False
-# Behind a reverse proxy set AXES_IPWARE_PROXY_COUNT / AXES_IPWARE_META_PRECEDENCE_ORDER (see
-# django-axes) so the client address is the caller's, not the proxy's.
-AXES_IPWARE_PROXY_COUNT = env_int("LOGIN_PROXY_COUNT", 0, minimum=0) or None
+LOGIN_ADDRESS_FAILURE_LIMIT = env_int("LOGIN_ADDRESS_FAILURE_LIMIT", 100, minimum=1)
+LOGIN_SLOWDOWN_SECONDS = env_int("LOGIN_SLOWDOWN_SECONDS", 5, minimum=1)
+# Reverse proxies in front of Lazarus: the client address is then the one this many hops from the
+# right of X-Forwarded-For (each proxy appends the address it got the request from); 0 trusts
+# REMOTE_ADDR only. Wrong either way, and all callers share one address (too many proxies
+# counted: a forged one; too few: the proxy's).
+LOGIN_PROXY_COUNT = env_int("LOGIN_PROXY_COUNT", 0, minimum=0)
+AXES_CLIENT_IP_CALLABLE = "console.login_guard.client_address"
 
 ROOT_URLCONF = "console.urls"
 WSGI_APPLICATION = "console.wsgi.application"

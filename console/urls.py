@@ -13,6 +13,7 @@ from console.views import (
     health,
     history,
     jobs,
+    login,
     message,
     messages,
     metrics,
@@ -24,7 +25,7 @@ from recovery.api.errors import api_not_found
 urlpatterns = [
     path("", overview.overview, name="overview"),
     path("overview/live", overview.overview_live, name="overview-live"),
-    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("login/", login.login, name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("messages/", messages.message_list, name="messages"),
     path("messages/bulk", messages.message_bulk, name="messages-bulk"),

@@ -17,6 +17,8 @@ command -v curl >/dev/null 2>&1 || need_pkgs+=(curl)
 # PgBouncer for the tests that run Lazarus through a transaction-mode pooler (started by the
 # tests on a port of their own; the Debian service is not used).
 command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || need_pkgs+=(pgbouncer)
+# nginx: the login tests put a real reverse proxy in front of the console (started by the tests).
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_pkgs+=(nginx)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   say "installing ${need_pkgs[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo

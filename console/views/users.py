@@ -1,17 +1,15 @@
 """Users and roles (admins only): create, set the role, deactivate, reactivate."""
 
-from axes.models import AccessAttempt
 from axes.utils import reset
-from django.conf import settings
 from django.contrib import messages as flash
 from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
 from django.db import transaction
-from django.db.models import Sum
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
+from console import login_guard
 from console.access import admin_required
 from console.forms.people import RoleForm, UserCreateForm
 from recovery.models import Activity, ApiToken, Role, role_of, set_role
@@ -23,23 +21,6 @@ def _users():
         {"user": u, "role": role_of(u), "form": RoleForm(initial={"role": role_of(u)})}
         for u in users
     ]
-
-
-def _lockouts():
-    """Usernames and client addresses django-axes refuses logins for now (failures >= limit
-    within the cool-off), with their failure counts."""
-    since = timezone.now() - settings.AXES_COOLOFF_TIME
-    recent = AccessAttempt.objects.filter(attempt_time__gte=since)
-    limit = settings.AXES_FAILURE_LIMIT
-
-    def locked(field):
-        rows = recent.values(field).annotate(failures=Sum("failures_since_start"))
-        return [
-            {"key": row[field], "failures": row["failures"]}
-            for row in rows.filter(failures__gte=limit).order_by(field)
-        ]
-
-    return {"usernames": locked("username"), "addresses": locked("ip_address")}
 
 
 def _log(request, action, target, **detail):
@@ -67,7 +48,7 @@ def user_list(request):
     return render(
         request,
         "users.html",
-        {"form": form, "users": _users(), "roles": list(Role), "lockouts": _lockouts()},
+        {"form": form, "users": _users(), "roles": list(Role), "lockouts": login_guard.lockouts()},
     )
 
 
@@ -146,17 +127,18 @@ def user_active(request, pk):
 @admin_required
 @require_POST
 def user_unlock(request):
-    """Lift a login lockout (django-axes) of a username or a client address."""
+    """Lift a login lockout (django-axes' records): a username at an address, a username
+    everywhere (its slow-down too), or an address for every username."""
     username, address = request.POST.get("username", ""), request.POST.get("ip_address", "")
-    if bool(username) == bool(address):
+    if not (username or address):
         flash.error(request, "Give a username or a client address to unlock.")
         return redirect("users")
-    cleared = reset(username=username) if username else reset(ip=address)
+    cleared = reset(username=username or None, ip=address or None)
     Activity.objects.create(
         user=request.user,
         action="login_unlocked",
         via="console",
         detail={"username": username, "ip_address": address, "attempts_cleared": cleared},
     )
-    flash.success(request, f"Unlocked {username or address}.")
+    flash.success(request, f"Unlocked {' at '.join(x for x in (username, address) if x)}.")
     return redirect("users")
