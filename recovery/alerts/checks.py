@@ -21,7 +21,9 @@ and the scope fields each honours:
 - queue_without_consumers: a recovery queue with no consumer (the collector is not draining
   it). Scope: vhost.
 - uncovered_queues: application queues without dead-lettering to Lazarus, exchanges without
-  an alternate exchange (recovery/broker/coverage.py). Scope: vhost.
+  an alternate exchange, recovery queues whose delivery limit is not unlimited
+  (recovery/broker/coverage.py). Scope: vhost. Only rows whose answer the management API did
+  not give (``*_unknown``): unknown, neither firing nor clearing.
 - broker_tally: ``threshold`` (0), ``window_minutes`` (15): over the window, the broker's own
   counters say it discarded (no DLX), dropped (unroutable) or dead-lettered more than Lazarus
   stored or holds (recovery/broker/tally.py). No sample in the window, or one whose counters
@@ -252,8 +254,18 @@ def queue_without_consumers(rule, now, management):
     return Check(bool(idle), len(idle), f"{len(idle)} recovery queue(s) without consumers", idle)
 
 
+class CoverageUnknown(Exception):
+    """Nothing is known to be uncovered, but something could not be read: not "ok"."""
+
+
 def uncovered_queues(rule, now, management):
     rows = [row for vhost in _broker_vhosts(rule) for row in uncovered(vhost, management)]
+    unknown = [row for row in rows if row.problem.endswith("_unknown")]
+    if unknown and len(unknown) == len(rows):
+        raise CoverageUnknown(
+            "; ".join(f"{r.vhost}/{r.name}: {r.detail}" for r in unknown[:3])
+            + (f" (and {len(unknown) - 3} more)" if len(unknown) > 3 else "")
+        )
     items = [f"{r.vhost}/{r.kind} {r.name}: {r.problem}" for r in rows[:ITEMS_KEPT]]
     return Check(
         bool(rows), len(rows), f"{len(rows)} queue(s)/exchange(s) Lazarus cannot collect", items

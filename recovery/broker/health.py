@@ -14,8 +14,13 @@ from dataclasses import asdict, dataclass, field
 from django.conf import settings
 from django.core.cache import cache
 
+from recovery.broker.coverage import (
+    effective_delivery_limit,
+    operator_policies,
+    recovery_limits,
+)
 from recovery.broker.management import Management
-from recovery.broker.topology import Names
+from recovery.broker.topology import Names, broker_version
 
 CACHE_KEY = "lazarus:broker-health"
 
@@ -62,6 +67,10 @@ class RecoveryQueue:
     consumers: int
     publish_rate: float | None
     deliver_rate: float | None
+    # The effective delivery limit of a quorum recovery queue ("unlimited", a number, "unknown")
+    # and, when it is not unlimited, what that means (coverage.recovery_limits).
+    delivery_limit: str = "unlimited"
+    limit_problem: str = ""
 
 
 @dataclass
@@ -168,13 +177,24 @@ def _add_recovery_queues(health, management, vhost):
             for q in management.request(
                 "GET",
                 f"/queues/{management.quote(vhost)}?columns=name,messages,messages_ready,"
-                "messages_unacknowledged,consumers,message_stats",
+                "messages_unacknowledged,consumers,message_stats,type,arguments,policy,"
+                "operator_policy,effective_policy_definition,delivery_limit",
             )
             or []
         }
     except Exception as exc:  # noqa: BLE001 - said on the page, per vhost
         health.missing_queues.append(f"{vhost}: cannot list queues ({exc})")
         return
+    version = broker_version(management)
+    try:
+        policies = management.policies(vhost) or []
+    except Exception:  # noqa: BLE001 - then a limit only the policies say is unknown
+        policies = None
+    operator = operator_policies(management, vhost)
+    limits = {
+        row.name: row
+        for row in recovery_limits(vhost, found.values(), version, names, policies, operator)
+    }
     for name in (*names.source_queues, names.quarantine):
         q = found.get(name)
         if q is None:
@@ -191,8 +211,18 @@ def _add_recovery_queues(health, management, vhost):
                 consumers=q.get("consumers") or 0,
                 publish_rate=_rate(stats, "publish"),
                 deliver_rate=_rate(stats, "deliver_get"),
+                delivery_limit=_shown_limit(
+                    effective_delivery_limit(q, version, policies, operator)
+                ),
+                limit_problem=(
+                    f"{limits[name].detail} ({limits[name].fix})" if name in limits else ""
+                ),
             )
         )
+
+
+def _shown_limit(limit):
+    return "unknown" if limit is None else str(limit)
 
 
 def broker_health(refresh=False) -> BrokerHealth:

@@ -6,6 +6,9 @@ Which recovery queue a delivery came from says what happened to it:
   why (``rejected|expired|maxlen|delivery_limit``) and how often; the most recent death is first.
 - ``unrouted`` (the alternate exchange): nothing was bound for it. The delivery still carries the
   exchange it was published to and its routing key.
+- ``parked``: one of the three above dead-lettered it past a delivery limit (docs/decisions.md
+  "Delivery limit"). The ``x-death`` entry naming our queue is taken off, and the delivery is
+  stored as if it came from that queue: the same row, and the same fingerprint, as before.
 - ``returns``: the client library handed it over after a ``basic.return``, a nack or no confirm;
   its ``x-recovery-*`` headers (docs/design.md "Broker topology") say which and where it was going.
 
@@ -27,7 +30,7 @@ from recovery.client import headers as header_codec
 from recovery.client.outbox import PROPERTY_NAMES
 from recovery.errors import UnstorableDelivery
 
-DEAD_LETTERS, UNROUTED, RETURNS = "dead_letters", "unrouted", "returns"
+DEAD_LETTERS, UNROUTED, RETURNS, PARKED = "dead_letters", "unrouted", "returns", "parked"
 
 # Headers the broker sets on each delivery from *our* recovery queue: quorum queues put their
 # own x-delivery-count on every delivery (0 the first time), overwriting any the message carried.
@@ -299,13 +302,47 @@ def _origin(source, headers, exchange, routing_key) -> _Origin:
     )
 
 
+_FIRST_DEATH = ("x-first-death-queue", "x-first-death-reason", "x-first-death-exchange")
+_LAST_DEATH = ("x-last-death-queue", "x-last-death-reason", "x-last-death-exchange")
+
+
+def unpark(headers, names=None):
+    """A parked delivery's headers as they were in the recovery queue it was parked from, and
+    that queue: (headers, queue). Raises UnstorableDelivery when no death names one of ours (it
+    was published to the parking exchange by hand: nothing says what it is)."""
+    from recovery.broker.topology import Names
+
+    names = names or Names.from_settings()
+    ours = set(names.limited_queues)
+    deaths = headers.get("x-death")
+    deaths = deaths if isinstance(deaths, list) else []
+    parked_from = next(
+        (d for d in deaths if isinstance(d, dict) and _text(d.get("queue")) in ours), None
+    )
+    if parked_from is None:
+        raise UnstorableDelivery("in the parking queue without a death in a recovery queue")
+    queue = _text(parked_from.get("queue"))
+    headers = dict(headers)
+    rest = [d for d in deaths if d is not parked_from]
+    if rest:
+        headers["x-death"] = rest
+    else:
+        headers.pop("x-death", None)
+    # Added by the broker as it parked it, when it had not died before (or, 3.13+, always).
+    for names_of_death in (_FIRST_DEATH, _LAST_DEATH):
+        if _text(headers.get(names_of_death[0])) == queue:
+            for name in names_of_death:
+                headers.pop(name, None)
+    return headers, queue
+
+
 def delivery_to_row(
     vhost, queue, exchange, routing_key, properties, body, *, source=None, poison_threshold=3
 ):
     """A delivery from one of the recovery queues -> a StoreRow.
 
     ``queue`` is the recovery queue it was consumed from and ``source`` which one it is
-    (DEAD_LETTERS, UNROUTED or RETURNS; looked up in the settings when not given).
+    (DEAD_LETTERS, UNROUTED, RETURNS or PARKED; looked up in the settings when not given).
     """
     source = source or source_of(queue)
     headers = properties.headers
@@ -315,6 +352,9 @@ def delivery_to_row(
         raise UnstorableDelivery(
             f"headers nested too deep to decode ({len(headers.raw)} B table, kept as received)"
         )
+    if source == PARKED:
+        headers, queue = unpark(headers)
+        source = source_of(queue)
     body = bytes(body or b"")
     headers_json = header_codec.headers_to_json(headers)
     properties_json = properties_to_json(properties)
@@ -361,11 +401,16 @@ def delivery_to_row(
 
 
 def source_of(queue, names=None):
-    """Which recovery source a queue is (DEAD_LETTERS, UNROUTED or RETURNS)."""
+    """Which recovery source a queue is (DEAD_LETTERS, UNROUTED, RETURNS or PARKED)."""
     from recovery.broker.topology import Names
 
     names = names or Names.from_settings()
-    sources = {names.dead_letters: DEAD_LETTERS, names.unrouted: UNROUTED, names.returns: RETURNS}
+    sources = {
+        names.dead_letters: DEAD_LETTERS,
+        names.unrouted: UNROUTED,
+        names.returns: RETURNS,
+        names.parked: PARKED,
+    }
     try:
         return sources[queue]
     except KeyError:
