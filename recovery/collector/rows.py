@@ -32,11 +32,14 @@ from recovery.errors import UnstorableDelivery
 
 DEAD_LETTERS, UNROUTED, RETURNS, PARKED = "dead_letters", "unrouted", "returns", "parked"
 
-# Headers the broker sets on each delivery from *our* recovery queue: quorum queues put their
-# own x-delivery-count on every delivery (0 the first time), overwriting any the message carried.
-# They describe our queue, not the message, and differ between a delivery and its redelivery, so
-# they are neither stored nor part of the fingerprint.
-DELIVERY_SCOPED_HEADERS = ("x-delivery-count",)
+# Headers the broker sets on each delivery from *our* recovery queue, overwriting any the message
+# carried: quorum queues put their x-delivery-count on a redelivery (3.x: every return; 4.3:
+# failed ones), and from 4.3 x-acquired-count (every time a consumer was given it). 4.x turns
+# every x- annotation of a delivery into a header (mc_amqpl:protocol_state); for a quorum queue
+# those two are the per-delivery ones. They describe our queue, not the message, and differ
+# between a delivery and its redelivery, so they are neither stored nor part of the fingerprint
+# (and a replay strips them: recovery/replay/wire.py).
+DELIVERY_SCOPED_HEADERS = ("x-delivery-count", "x-acquired-count")
 
 # Headers frameworks use to say why a consumer gave up (Spring AMQP, our client, common custom).
 EXCEPTION_TYPE_HEADERS = ("x-exception-type", "x-exception-class", "exception-type")
