@@ -130,6 +130,9 @@ def broker_queues():
             report.append(entry)
             continue
         for queue in queues:
+            # Left out with management statistics disabled: unknown (None), never shown as 0.
+            for key in ("messages", "messages_ready", "messages_unacknowledged", "consumers"):
+                queue.setdefault(key, None)
             arguments = queue.get("arguments") or {}
             if queue["name"] in recovery_queues:
                 entry["recovery"].append(queue)

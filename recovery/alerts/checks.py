@@ -41,7 +41,7 @@ from recovery.broker import health as broker_health
 from recovery.broker import tally
 from recovery.broker.coverage import uncovered
 from recovery.broker.management import Management
-from recovery.broker.topology import Names
+from recovery.broker.topology import Names, declared_counts
 from recovery.errors import ManagementError
 from recovery.models import (
     OPEN,
@@ -168,14 +168,36 @@ def collector_down(rule, now, management):
     )
 
 
+def _recovery_queue_counts(vhost, management, names):
+    """{source queue: (messages, consumers)} of a vhost: the management API's numbers, or where
+    it leaves them out (statistics disabled), a passive declare's (ready messages only). A
+    queue neither can count is not in the answer."""
+    counts = {}
+    missing = []
+    for q in management.queues(vhost) or []:
+        if q["name"] not in names.source_queues:
+            continue
+        messages, consumers = q.get("messages"), q.get("consumers")
+        if messages is None or consumers is None:
+            missing.append(q["name"])
+        else:
+            counts[q["name"]] = (messages, consumers)
+    if missing:
+        declared = declared_counts(vhost, missing)
+        counts |= {queue: c for queue, c in declared.items() if c is not None}
+    return counts
+
+
 def collector_lag(rule, now, management):
     threshold = rule.params.get("threshold", 1000)
     names = Names.from_settings()
     waiting = []
     for vhost in _broker_vhosts(rule):
-        for q in management.queues(vhost) or []:
-            if q["name"] in names.source_queues and (q.get("messages") or 0) > threshold:
-                waiting.append(f"{vhost}/{q['name']}: {q['messages']}")
+        for queue, (messages, _) in sorted(
+            _recovery_queue_counts(vhost, management, names).items()
+        ):
+            if messages > threshold:
+                waiting.append(f"{vhost}/{queue}: {messages}")
     worst = max((int(w.rsplit(": ", 1)[1]) for w in waiting), default=0)
     return Check(
         bool(waiting), worst, f"recovery queues above {threshold} waiting: {len(waiting)}", waiting
@@ -248,9 +270,10 @@ def queue_without_consumers(rule, now, management):
     names = Names.from_settings()
     idle = []
     for vhost in _broker_vhosts(rule):
-        for q in management.queues(vhost) or []:
-            if q["name"] in names.source_queues and not q.get("consumers"):
-                idle.append(f"{vhost}/{q['name']}")
+        counts = _recovery_queue_counts(vhost, management, names)
+        for queue, (_, consumers) in sorted(counts.items()):
+            if not consumers:
+                idle.append(f"{vhost}/{queue}")
     return Check(bool(idle), len(idle), f"{len(idle)} recovery queue(s) without consumers", idle)
 
 

@@ -37,12 +37,17 @@ class NodeSerializer(serializers.Serializer):
 class RecoveryQueueSerializer(serializers.Serializer):
     vhost = serializers.CharField()
     name = serializers.CharField()
-    messages = serializers.IntegerField()
-    ready = serializers.IntegerField()
-    unacked = serializers.IntegerField()
-    consumers = serializers.IntegerField()
+    # null: the management API left it out (statistics disabled): unknown, never 0.
+    messages = serializers.IntegerField(allow_null=True, help_text="null: unknown")
+    ready = serializers.IntegerField(allow_null=True, help_text="null: unknown")
+    unacked = serializers.IntegerField(allow_null=True, help_text="null: unknown")
+    consumers = serializers.IntegerField(allow_null=True, help_text="null: unknown")
     publish_rate = serializers.FloatField(allow_null=True)
     deliver_rate = serializers.FloatField(allow_null=True)
+    delivery_limit = serializers.CharField(
+        help_text='the effective delivery limit: "unlimited", a number, or "unknown"'
+    )
+    limit_problem = serializers.CharField(help_text="what a limit means here, empty if none")
 
 
 class BlockedSerializer(serializers.Serializer):

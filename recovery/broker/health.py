@@ -59,12 +59,13 @@ class Node:
 
 @dataclass
 class RecoveryQueue:
+    # None: the management API left the number out (statistics disabled): shown as unknown.
     vhost: str
     name: str
-    messages: int
-    ready: int
-    unacked: int
-    consumers: int
+    messages: int | None
+    ready: int | None
+    unacked: int | None
+    consumers: int | None
     publish_rate: float | None
     deliver_rate: float | None
     # The effective delivery limit of a quorum recovery queue ("unlimited", a number, "unknown")
@@ -150,8 +151,10 @@ def _add_node(health, raw):
         disk_free_alarm=bool(raw.get("disk_free_alarm")),
         fd_used=raw.get("fd_used"),
         fd_total=raw.get("fd_total"),
-        sockets_used=raw.get("sockets_used"),
-        sockets_total=raw.get("sockets_total"),
+        # RabbitMQ 4.x reports both as 0 always (it no longer limits sockets separately from
+        # file descriptors): a total of 0 is "not reported", not "no sockets".
+        sockets_used=raw.get("sockets_used") if raw.get("sockets_total") else None,
+        sockets_total=raw.get("sockets_total") or None,
         uptime_seconds=(raw["uptime"] // 1000) if raw.get("uptime") else None,
     )
     health.nodes.append(node)
@@ -205,10 +208,10 @@ def _add_recovery_queues(health, management, vhost):
             RecoveryQueue(
                 vhost=vhost,
                 name=name,
-                messages=q.get("messages") or 0,
-                ready=q.get("messages_ready") or 0,
-                unacked=q.get("messages_unacknowledged") or 0,
-                consumers=q.get("consumers") or 0,
+                messages=q.get("messages"),
+                ready=q.get("messages_ready"),
+                unacked=q.get("messages_unacknowledged"),
+                consumers=q.get("consumers"),
                 publish_rate=_rate(stats, "publish"),
                 deliver_rate=_rate(stats, "deliver_get"),
                 delivery_limit=_shown_limit(

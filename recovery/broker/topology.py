@@ -189,18 +189,29 @@ def _escape(name):
 
 
 def queue_depths(vhost, names=None):
-    """Ready + unacked message counts of the collector's source queues (the collector's lag)."""
+    """Ready message counts of the collector's source queues and the quarantine, by passive
+    declare (the collector's lag; None: not declared)."""
     names = names or Names.from_settings()
+    counts = declared_counts(vhost, (*names.source_queues, names.quarantine))
+    return {queue: c and c[0] for queue, c in counts.items()}
+
+
+def declared_counts(vhost, queues):
+    """{queue: (ready messages, consumers)} by passive declare, or None for a queue that is not
+    declared. The AMQP answer needs no management statistics: it is what Lazarus falls back to
+    when the management API leaves the numbers out (statistics disabled). It counts ready
+    messages only (unacked ones are in a consumer's hands)."""
     conn = connect(vhost)
-    depths = {}
+    counts: dict[str, tuple[int, int] | None] = {}
     try:
-        for queue in (*names.source_queues, names.quarantine):
+        for queue in queues:
             channel = conn.channel()
             try:
-                depths[queue] = channel.queue_declare(queue, passive=True).method.message_count
+                method = channel.queue_declare(queue, passive=True).method
+                counts[queue] = (method.message_count, method.consumer_count)
             except Exception:  # noqa: BLE001 - a missing queue means "not wired", reported as None
-                depths[queue] = None
+                counts[queue] = None
     finally:
         if conn.is_open:
             conn.close()
-    return depths
+    return counts
