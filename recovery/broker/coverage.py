@@ -285,6 +285,26 @@ def _queue_problems(vhost, queue, policy, names) -> list[Uncovered]:
             )
         ]
     strategy = arguments.get("x-dead-letter-strategy") or definition.get("dead-letter-strategy")
+    # RabbitMQ quietly dead-letters at most once when at-least-once is asked for without
+    # overflow reject-publish (the policy's overflow wins over the argument's).
+    overflow = definition.get("overflow") or arguments.get("x-overflow") or "drop-head"
+    if (
+        queue.get("type") == "quorum"
+        and strategy == "at-least-once"
+        and overflow != ("reject-publish")
+    ):
+        return [
+            Uncovered(
+                vhost,
+                "queue",
+                name,
+                "dead_letters_at_most_once",
+                f"dead-letter-strategy at-least-once with overflow {overflow}: RabbitMQ "
+                "dead-letters at most once unless overflow is reject-publish",
+                f"manage.py wire --queues '{re.escape(name)}' --at-least-once "
+                "(dead-letter-strategy at-least-once, overflow reject-publish)",
+            )
+        ]
     if queue.get("type") == "quorum" and strategy != "at-least-once":
         return [
             Uncovered(

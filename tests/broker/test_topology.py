@@ -5,7 +5,7 @@ import pika
 import pytest
 from django.conf import settings
 
-from tests.helpers import publish, wait_for
+from tests.helpers import declare_app_queue, publish, wait_for
 from tests.test_dead_letter_path import reject_all, stored
 
 
@@ -130,3 +130,25 @@ def test_wire_puts_the_recovery_policy_on_the_source_queues_only(wired):
             r"^recovery\.quarantine$",
             {"delivery-limit": -1},
         )
+
+
+def test_at_least_once_without_reject_publish_is_said_to_be_at_most_once(amqp, wired):
+    """RabbitMQ 3.10+ falls back to at-most-once dead-lettering, silently, when a quorum queue
+    asks for at-least-once without overflow reject-publish."""
+    from recovery.broker.coverage import uncovered
+    from recovery.broker.management import Management
+
+    strategy = {"x-queue-type": "quorum", "x-dead-letter-strategy": "at-least-once"}
+    declare_app_queue(amqp, "alo.without", **strategy)
+    declare_app_queue(amqp, "alo.with", **strategy, **{"x-overflow": "reject-publish"})
+    management = Management()
+    wait_for(
+        lambda: {"alo.without", "alo.with"} <= {q["name"] for q in management.queues(wired)},
+        message="both queues listed",
+    )
+    rows = {r.name: r for r in uncovered(wired, management) if r.name.startswith("alo.")}
+    assert set(rows) == {"alo.without"}
+    assert rows["alo.without"].problem == "dead_letters_at_most_once"
+    assert "overflow drop-head" in rows["alo.without"].detail
+    for name in ("alo.without", "alo.with"):
+        amqp.queue_delete(name)
