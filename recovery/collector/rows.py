@@ -42,13 +42,26 @@ DEAD_LETTERS, UNROUTED, RETURNS, PARKED = "dead_letters", "unrouted", "returns",
 DELIVERY_SCOPED_HEADERS = ("x-delivery-count", "x-acquired-count")
 
 # Headers frameworks use to say why a consumer gave up (Spring AMQP, our client, common custom).
-EXCEPTION_TYPE_HEADERS = ("x-exception-type", "x-exception-class", "exception-type")
+# An AMQP 1.0 consumer (RabbitMQ 4.0+) that settles with `modified` and `undeliverable-here`
+# dead-letters with its own message annotations, which reach us as headers: RabbitMQ's docs
+# show x-opt-dead-letter-reason (a sentence) and x-opt-dead-letter-category.
+EXCEPTION_TYPE_HEADERS = (
+    "x-exception-type",
+    "x-exception-class",
+    "exception-type",
+    "x-opt-dead-letter-category",
+)
 EXCEPTION_MESSAGE_HEADERS = (
     "x-exception-message",
     "x-exception",
     "exception-message",
     "x-recovery-detail",
+    "x-opt-dead-letter-reason",
 )
+
+# RabbitMQ 4.x hands an AMQP 1.0 message id (or correlation id) that AMQP 0-9-1 cannot carry
+# (binary, or a string longer than 255 bytes) as a header instead of the property.
+AMQP10_ID_HEADERS = {"message_id": "x-message-id", "correlation_id": "x-correlation-id"}
 
 # x-recovery-kind -> the reason when x-recovery-reason is missing or unknown.
 RETURN_KINDS = {"returned": "no_route", "nacked": "nack", "unconfirmed": "timeout"}
@@ -384,8 +397,8 @@ def delivery_to_row(
         death_count=min(origin.death_count, 2**31 - 1),
         first_death_at=origin.first_at,
         last_death_at=origin.last_at,
-        message_id=_text(properties.message_id, 255),
-        correlation_id=_text(properties.correlation_id, 255),
+        message_id=_id_text(properties.message_id, headers, "message_id"),
+        correlation_id=_id_text(properties.correlation_id, headers, "correlation_id"),
         properties=properties_text,
         headers=headers_text,
         body=body,
@@ -401,6 +414,19 @@ def delivery_to_row(
         replay_count=min(replay_count, 2**31 - 1),
         origin_id=origin_id,
     )
+
+
+def _id_text(value, headers, name):
+    """The id property, or the header RabbitMQ 4.x put it in (AMQP 1.0): a binary id that is
+    not UTF-8 text is kept as ``hex:<its hex digits>``."""
+    if value is None:
+        value = headers.get(AMQP10_ID_HEADERS[name])
+        if isinstance(value, bytes):
+            try:
+                value = value.decode("utf-8")
+            except UnicodeDecodeError:
+                value = "hex:" + value.hex()
+    return _text(value, 255)
 
 
 def source_of(queue, names=None):
