@@ -144,6 +144,13 @@ class Message(models.Model):
         return bytes(self.body)
 
     @property
+    def is_transient(self):
+        """Published without delivery_mode 2 (an AMQP 1.0 message without ``durable`` arrives
+        so from RabbitMQ 4.x): a replay sends it transient too, and a broker restart before it
+        is consumed loses it."""
+        return (self.properties or {}).get("delivery_mode") != 2
+
+    @property
     def died_again_copy_id(self):
         """The copy collected after this message's latest replay was dead-lettered again (or
         unroutable), None if there is none. Read per page by ``attach_died_again``."""

@@ -118,3 +118,15 @@ def test_the_edit_form_offers_the_headers_a_replay_keeps(client, operator):
 def test_an_unknown_message_is_404(client, viewer):
     client.force_login(viewer)
     assert client.get("/messages/999999/").status_code == 404
+
+
+def test_a_transient_message_says_a_replay_sends_it_transient(client, operator):
+    transient = make_message(properties={"content_type": "application/json"})
+    persistent = make_message()  # delivery_mode 2
+    client.force_login(operator)
+    page = client.get(f"/messages/{transient.pk}/").content.decode()
+    assert 'id="transient-warning"' in page
+    assert "a replay publishes it transient too" in page
+    assert (
+        'id="transient-warning"' not in client.get(f"/messages/{persistent.pk}/").content.decode()
+    )
