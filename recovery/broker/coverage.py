@@ -33,7 +33,9 @@ class Uncovered:
     vhost: str
     kind: str  # queue | exchange
     name: str
-    problem: str  # no_dead_letter_exchange | dead_letters_elsewhere | no_alternate_exchange
+    # no_dead_letter_exchange | dead_letters_elsewhere | dead_letters_at_most_once |
+    # no_alternate_exchange | recovery_delivery_limit | delivery_limit_unknown
+    problem: str
     detail: str
     fix: str
     policy: str = ""  # the queue's own policy that hides Lazarus's, if any
