@@ -322,10 +322,18 @@ _FIRST_DEATH = ("x-first-death-queue", "x-first-death-reason", "x-first-death-ex
 _LAST_DEATH = ("x-last-death-queue", "x-last-death-reason", "x-last-death-exchange")
 
 
-def unpark(headers, names=None):
-    """A parked delivery's headers as they were in the recovery queue it was parked from, and
-    that queue: (headers, queue). Raises UnstorableDelivery when no death names one of ours (it
-    was published to the parking exchange by hand: nothing says what it is)."""
+class Unparked(NamedTuple):
+    headers: dict
+    queue: str  # the recovery queue it was parked from
+    exchange: str  # the exchange and routing key it had arrived there with
+    routing_key: str
+
+
+def unpark(headers, names=None) -> Unparked:
+    """A parked delivery as it was in the recovery queue it was parked from: its headers, that
+    queue, and the exchange and routing key it arrived there with (the death names them; the
+    delivery itself names the parking exchange). Raises UnstorableDelivery when no death names
+    one of ours (published to the parking exchange by hand: nothing says what it is)."""
     from recovery.broker.topology import Names
 
     names = names or Names.from_settings()
@@ -349,7 +357,9 @@ def unpark(headers, names=None):
         if _text(headers.get(names_of_death[0])) == queue:
             for name in names_of_death:
                 headers.pop(name, None)
-    return headers, queue
+    keys = parked_from.get("routing-keys")
+    key = keys[0] if isinstance(keys, list) and keys else ""
+    return Unparked(headers, queue, _text(parked_from.get("exchange")), _text(key))
 
 
 def delivery_to_row(
@@ -369,7 +379,7 @@ def delivery_to_row(
             f"headers nested too deep to decode ({len(headers.raw)} B table, kept as received)"
         )
     if source == PARKED:
-        headers, queue = unpark(headers)
+        headers, queue, exchange, routing_key = unpark(headers)
         source = source_of(queue)
     body = bytes(body or b"")
     headers_json = header_codec.headers_to_json(headers)
