@@ -16,7 +16,11 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from console.access import viewer_required
-from recovery.broker.coverage import UNLIMITED, effective_delivery_limit, operator_policies
+from recovery.broker.coverage import (
+    UNLIMITED,
+    effective_delivery_limit,
+    read_operator_policies,
+)
 from recovery.broker.management import Management
 from recovery.broker.topology import DLX_POLICY, Names, broker_version
 from recovery.collector.health import collector_health
@@ -162,7 +166,7 @@ def _add_delivery_limits(management, vhost, queues, version, names):
             policies = management.policies(vhost) or []
         except ManagementError:
             policies = None
-        operator = operator_policies(management, vhost)
+        operator = read_operator_policies(management, vhost)
     for queue in queues:
         limit = effective_delivery_limit(queue, version, policies, operator)
         if limit is None:

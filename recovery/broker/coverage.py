@@ -77,7 +77,7 @@ def _policy_for(policies, name, applies_to, queue_type=None):
     return max(matching, key=lambda p: p.get("priority", 0), default=None)
 
 
-def operator_policies(management, vhost):
+def read_operator_policies(management, vhost):
     """The vhost's operator policies, or None when they cannot be read (a user without the
     policymaker or administrator tag): then a limit they might set is unknown."""
     try:
@@ -218,7 +218,7 @@ def uncovered(vhost, management=None, names=None) -> list[Uncovered]:
         broker_version(management),
         names,
         policies,
-        operator_policies(management, vhost),
+        read_operator_policies(management, vhost),
     )
     for queue in queues:
         name = queue.get("name", "")

@@ -16,7 +16,7 @@ from django.core.cache import cache
 
 from recovery.broker.coverage import (
     effective_delivery_limit,
-    operator_policies,
+    read_operator_policies,
     recovery_limits,
 )
 from recovery.broker.management import Management
@@ -193,7 +193,7 @@ def _add_recovery_queues(health, management, vhost):
         policies = management.policies(vhost) or []
     except Exception:  # noqa: BLE001 - then a limit only the policies say is unknown
         policies = None
-    operator = operator_policies(management, vhost)
+    operator = read_operator_policies(management, vhost)
     limits = {
         row.name: row
         for row in recovery_limits(vhost, found.values(), version, names, policies, operator)
