@@ -262,6 +262,9 @@ def broker_alarm(rule, now, management):
     if blocked:
         items.append(f"{len(blocked)} publishing connection(s) blocked by flow control")
         items += [f"{c['state']}: {c['name']} ({c['user']}@{c['vhost']})" for c in blocked]
+    if not items and health.unknown:
+        # Nothing in force that we can see, but not all could be seen: neither fire nor clear.
+        raise BrokerUnknown("; ".join(health.unknown[:3]))
     items = items[:ITEMS_KEPT]
     return Check(bool(items), len(items), "; ".join(items[:3]) or "no broker alarm", items)
 
@@ -275,6 +278,10 @@ def queue_without_consumers(rule, now, management):
             if not consumers:
                 idle.append(f"{vhost}/{queue}")
     return Check(bool(idle), len(idle), f"{len(idle)} recovery queue(s) without consumers", idle)
+
+
+class BrokerUnknown(Exception):
+    """No alarm is in force that the management API reports, but it left some out."""
 
 
 class CoverageUnknown(Exception):

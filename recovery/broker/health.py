@@ -31,10 +31,10 @@ class Node:
     running: bool
     mem_used: int | None
     mem_limit: int | None
-    mem_alarm: bool
+    mem_alarm: bool | None  # None: not reported (unknown, never "no alarm")
     disk_free: int | None
     disk_free_limit: int | None
-    disk_free_alarm: bool
+    disk_free_alarm: bool | None
     fd_used: int | None
     fd_total: int | None
     sockets_used: int | None
@@ -82,11 +82,19 @@ class BrokerHealth:
     blocked_connections: list[dict] = field(default_factory=list)
     queues: list[RecoveryQueue] = field(default_factory=list)
     missing_queues: list[str] = field(default_factory=list)
+    # What the management API did not say (a field left out): unknown, so never "ok".
+    unknown: list[str] = field(default_factory=list)
     error: str = ""
 
     @property
     def ok(self):
-        return not (self.error or self.alarms or self.blocked_connections or self.missing_queues)
+        return not (
+            self.error
+            or self.alarms
+            or self.blocked_connections
+            or self.missing_queues
+            or self.unknown
+        )
 
     def as_dict(self):
         data = asdict(self)
@@ -139,16 +147,21 @@ def read(management=None) -> BrokerHealth:
     return health
 
 
+def _flag(raw, key):
+    value = raw.get(key)
+    return None if value is None else bool(value)
+
+
 def _add_node(health, raw):
     node = Node(
         name=raw.get("name", "?"),
         running=bool(raw.get("running", True)),
         mem_used=raw.get("mem_used"),
         mem_limit=raw.get("mem_limit"),
-        mem_alarm=bool(raw.get("mem_alarm")),
+        mem_alarm=_flag(raw, "mem_alarm"),
         disk_free=raw.get("disk_free"),
         disk_free_limit=raw.get("disk_free_limit"),
-        disk_free_alarm=bool(raw.get("disk_free_alarm")),
+        disk_free_alarm=_flag(raw, "disk_free_alarm"),
         fd_used=raw.get("fd_used"),
         fd_total=raw.get("fd_total"),
         # RabbitMQ 4.x reports both as 0 always (it no longer limits sockets separately from
@@ -160,6 +173,9 @@ def _add_node(health, raw):
     health.nodes.append(node)
     if not node.running:
         health.alarms.append(f"{node.name}: node not running")
+    for what, flag in (("memory", node.mem_alarm), ("disk", node.disk_free_alarm)):
+        if flag is None and node.running:
+            health.unknown.append(f"{node.name}: the management API does not say its {what} alarm")
     if node.mem_alarm:
         health.alarms.append(
             f"{node.name}: memory alarm ({node.mem_used} of {node.mem_limit} bytes): "

@@ -219,6 +219,47 @@ class TestBrokerPage:
         assert ">0<" not in row
 
 
+class TestNodeAlarmsNotReported:
+    """A node whose alarm flags the management API leaves out: unknown, neither an alarm nor
+    "no alarm"; the broker_alarm rule neither fires nor clears."""
+
+    @staticmethod
+    def blind_nodes():
+        recorded = Recorded(queues())
+        nodes = copy.deepcopy(SHAPES["nodes"])
+        for node in nodes:
+            del node["mem_alarm"], node["disk_free_alarm"]
+        recorded.answers["/nodes"] = nodes
+        return recorded
+
+    def test_the_health_is_not_ok_and_says_what_it_does_not_know(self, settings):
+        from recovery.broker.health import read
+
+        settings.RECOVERY_VHOSTS = ["/"]
+        health = read(self.blind_nodes())
+        [node] = health.nodes
+        assert (node.mem_alarm, node.disk_free_alarm) == (None, None)
+        assert health.alarms == []
+        assert health.unknown == [
+            "rabbit@a: the management API does not say its memory alarm",
+            "rabbit@a: the management API does not say its disk alarm",
+        ]
+        assert not health.ok
+        assert read(Recorded(queues())).unknown == []
+
+    def test_the_broker_alarm_rule_is_unknown(self, settings):
+        import datetime
+
+        from recovery.alerts.checks import BrokerUnknown, broker_alarm
+        from recovery.models import AlertRule
+
+        settings.RECOVERY_VHOSTS = ["/"]
+        now = datetime.datetime.now(datetime.UTC)
+        with pytest.raises(BrokerUnknown, match="memory alarm"):
+            broker_alarm(AlertRule(kind="broker_alarm"), now, self.blind_nodes())
+        assert not broker_alarm(AlertRule(kind="broker_alarm"), now, Recorded(queues())).firing
+
+
 class TestAlertsWithoutStatistics:
     """The lag and consumer checks fall back to a passive declare on the real broker."""
 
