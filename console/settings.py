@@ -341,6 +341,9 @@ RECOVERY_DEAD_LETTER_QUEUE = env_str("RECOVERY_DEAD_LETTER_QUEUE", "recovery.dea
 RECOVERY_UNROUTED = env_str("RECOVERY_UNROUTED", "recovery.unrouted")
 RECOVERY_RETURNS_QUEUE = env_str("RECOVERY_RETURNS_QUEUE", "recovery.returns")
 RECOVERY_QUARANTINE_QUEUE = env_str("RECOVERY_QUARANTINE_QUEUE", "recovery.quarantine")
+# Where the recovery source queues dead-letter what passes a delivery limit (an exchange and a
+# classic queue of this name; the collector drains it too). docs/decisions.md.
+RECOVERY_PARKED = env_str("RECOVERY_PARKED", "recovery.parked")
 # The vhosts the collector serves; each needs `manage.py wire --vhost V`. Default: the vhost of
 # RABBITMQ_URL.
 RECOVERY_VHOSTS = env_list("RECOVERY_VHOSTS", [unquote(urlparse(RABBITMQ_URL).path[1:] or "/")])

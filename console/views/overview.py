@@ -16,8 +16,13 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from console.access import viewer_required
+from recovery.broker.coverage import (
+    UNLIMITED,
+    effective_delivery_limit,
+    read_operator_policies,
+)
 from recovery.broker.management import Management
-from recovery.broker.topology import DLX_POLICY, Names
+from recovery.broker.topology import DLX_POLICY, Names, broker_version
 from recovery.collector.health import collector_health
 from recovery.errors import ManagementError
 from recovery.models import OPEN, Activity, Kind, hourly_sums, rollup_sums
@@ -120,6 +125,7 @@ def broker_queues():
     names = Names.from_settings()
     recovery_queues = {*names.source_queues, names.quarantine}
     management = Management(timeout=MANAGEMENT_TIMEOUT_SECONDS)
+    version = broker_version(management)
     report = []
     for vhost in settings.RECOVERY_VHOSTS:
         entry = {"vhost": vhost, "recovery": [], "app": [], "error": ""}
@@ -130,6 +136,9 @@ def broker_queues():
             report.append(entry)
             continue
         for queue in queues:
+            # Left out with management statistics disabled: unknown (None), never shown as 0.
+            for key in ("messages", "messages_ready", "messages_unacknowledged", "consumers"):
+                queue.setdefault(key, None)
             arguments = queue.get("arguments") or {}
             if queue["name"] in recovery_queues:
                 entry["recovery"].append(queue)
@@ -138,12 +147,36 @@ def broker_queues():
                 or queue.get("policy") == DLX_POLICY
             ):
                 entry["app"].append(queue)
+        _add_delivery_limits(management, vhost, entry["recovery"] + entry["app"], version, names)
         entry["recovery"].sort(key=lambda q: q["name"])
         entry["app"].sort(key=lambda q: (-(q.get("messages") or 0), q["name"]))
         entry["more_app"] = max(0, len(entry["app"]) - APP_QUEUES_SHOWN)
         entry["app"] = entry["app"][:APP_QUEUES_SHOWN]
         report.append(entry)
     return report
+
+
+def _add_delivery_limits(management, vhost, queues, version, names):
+    """Each shown quorum queue's delivery limit and what happens at it (``limit_shown``): an
+    application queue shown here dead-letters to Lazarus; a recovery queue parks. The policy
+    lists are read only when a queue's own policy fields are missing (statistics disabled)."""
+    policies = operator = None
+    if any("effective_policy_definition" not in q for q in queues):
+        try:
+            policies = management.policies(vhost) or []
+        except ManagementError:
+            policies = None
+        operator = read_operator_policies(management, vhost)
+    for queue in queues:
+        limit = effective_delivery_limit(queue, version, policies, operator)
+        if limit is None:
+            queue["limit_shown"] = "unknown"
+        elif limit == UNLIMITED:
+            queue["limit_shown"] = UNLIMITED
+        elif queue["name"] in names.limited_queues:
+            queue["limit_shown"] = f"{limit}, then parked in {names.parked}"
+        else:
+            queue["limit_shown"] = f"{limit}, then dead-lettered to Lazarus"
 
 
 @login_required

@@ -21,7 +21,9 @@ and the scope fields each honours:
 - queue_without_consumers: a recovery queue with no consumer (the collector is not draining
   it). Scope: vhost.
 - uncovered_queues: application queues without dead-lettering to Lazarus, exchanges without
-  an alternate exchange (recovery/broker/coverage.py). Scope: vhost.
+  an alternate exchange, recovery queues whose delivery limit is not unlimited
+  (recovery/broker/coverage.py). Scope: vhost. Only rows whose answer the management API did
+  not give (``*_unknown``): unknown, neither firing nor clearing.
 - broker_tally: ``threshold`` (0), ``window_minutes`` (15): over the window, the broker's own
   counters say it discarded (no DLX), dropped (unroutable) or dead-lettered more than Lazarus
   stored or holds (recovery/broker/tally.py). No sample in the window, or one whose counters
@@ -39,7 +41,7 @@ from recovery.broker import health as broker_health
 from recovery.broker import tally
 from recovery.broker.coverage import uncovered
 from recovery.broker.management import Management
-from recovery.broker.topology import Names
+from recovery.broker.topology import Names, declared_counts
 from recovery.errors import ManagementError
 from recovery.models import (
     OPEN,
@@ -166,14 +168,36 @@ def collector_down(rule, now, management):
     )
 
 
+def _recovery_queue_counts(vhost, management, names):
+    """{source queue: (messages, consumers)} of a vhost: the management API's numbers, or where
+    it leaves them out (statistics disabled), a passive declare's (ready messages only). A
+    queue neither can count is not in the answer."""
+    counts = {}
+    missing = []
+    for q in management.queues(vhost) or []:
+        if q["name"] not in names.source_queues:
+            continue
+        messages, consumers = q.get("messages"), q.get("consumers")
+        if messages is None or consumers is None:
+            missing.append(q["name"])
+        else:
+            counts[q["name"]] = (messages, consumers)
+    if missing:
+        declared = declared_counts(vhost, missing)
+        counts |= {queue: c for queue, c in declared.items() if c is not None}
+    return counts
+
+
 def collector_lag(rule, now, management):
     threshold = rule.params.get("threshold", 1000)
     names = Names.from_settings()
     waiting = []
     for vhost in _broker_vhosts(rule):
-        for q in management.queues(vhost) or []:
-            if q["name"] in names.source_queues and (q.get("messages") or 0) > threshold:
-                waiting.append(f"{vhost}/{q['name']}: {q['messages']}")
+        for queue, (messages, _) in sorted(
+            _recovery_queue_counts(vhost, management, names).items()
+        ):
+            if messages > threshold:
+                waiting.append(f"{vhost}/{queue}: {messages}")
     worst = max((int(w.rsplit(": ", 1)[1]) for w in waiting), default=0)
     return Check(
         bool(waiting), worst, f"recovery queues above {threshold} waiting: {len(waiting)}", waiting
@@ -238,6 +262,9 @@ def broker_alarm(rule, now, management):
     if blocked:
         items.append(f"{len(blocked)} publishing connection(s) blocked by flow control")
         items += [f"{c['state']}: {c['name']} ({c['user']}@{c['vhost']})" for c in blocked]
+    if not items and health.unknown:
+        # Nothing in force that we can see, but not all could be seen: neither fire nor clear.
+        raise BrokerUnknown("; ".join(health.unknown[:3]))
     items = items[:ITEMS_KEPT]
     return Check(bool(items), len(items), "; ".join(items[:3]) or "no broker alarm", items)
 
@@ -246,14 +273,29 @@ def queue_without_consumers(rule, now, management):
     names = Names.from_settings()
     idle = []
     for vhost in _broker_vhosts(rule):
-        for q in management.queues(vhost) or []:
-            if q["name"] in names.source_queues and not q.get("consumers"):
-                idle.append(f"{vhost}/{q['name']}")
+        counts = _recovery_queue_counts(vhost, management, names)
+        for queue, (_, consumers) in sorted(counts.items()):
+            if not consumers:
+                idle.append(f"{vhost}/{queue}")
     return Check(bool(idle), len(idle), f"{len(idle)} recovery queue(s) without consumers", idle)
+
+
+class BrokerUnknown(Exception):
+    """No alarm is in force that the management API reports, but it left some out."""
+
+
+class CoverageUnknown(Exception):
+    """Nothing is known to be uncovered, but something could not be read: not "ok"."""
 
 
 def uncovered_queues(rule, now, management):
     rows = [row for vhost in _broker_vhosts(rule) for row in uncovered(vhost, management)]
+    unknown = [row for row in rows if row.problem.endswith("_unknown")]
+    if unknown and len(unknown) == len(rows):
+        raise CoverageUnknown(
+            "; ".join(f"{r.vhost}/{r.name}: {r.detail}" for r in unknown[:3])
+            + (f" (and {len(unknown) - 3} more)" if len(unknown) > 3 else "")
+        )
     items = [f"{r.vhost}/{r.kind} {r.name}: {r.problem}" for r in rows[:ITEMS_KEPT]]
     return Check(
         bool(rows), len(rows), f"{len(rows)} queue(s)/exchange(s) Lazarus cannot collect", items

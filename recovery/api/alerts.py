@@ -402,6 +402,8 @@ class UncoveredSerializer(serializers.Serializer):
             "dead_letters_elsewhere",
             "dead_letters_at_most_once",
             "no_alternate_exchange",
+            "recovery_delivery_limit",
+            "delivery_limit_unknown",
         ]
     )
     detail = serializers.CharField()

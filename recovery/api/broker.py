@@ -22,10 +22,10 @@ class NodeSerializer(serializers.Serializer):
     mem_used = serializers.IntegerField(allow_null=True)
     mem_limit = serializers.IntegerField(allow_null=True)
     mem_percent = serializers.FloatField(allow_null=True)
-    mem_alarm = serializers.BooleanField()
+    mem_alarm = serializers.BooleanField(allow_null=True, help_text="null: not reported")
     disk_free = serializers.IntegerField(allow_null=True)
     disk_free_limit = serializers.IntegerField(allow_null=True)
-    disk_free_alarm = serializers.BooleanField()
+    disk_free_alarm = serializers.BooleanField(allow_null=True, help_text="null: not reported")
     fd_used = serializers.IntegerField(allow_null=True)
     fd_total = serializers.IntegerField(allow_null=True)
     fd_percent = serializers.FloatField(allow_null=True)
@@ -37,12 +37,17 @@ class NodeSerializer(serializers.Serializer):
 class RecoveryQueueSerializer(serializers.Serializer):
     vhost = serializers.CharField()
     name = serializers.CharField()
-    messages = serializers.IntegerField()
-    ready = serializers.IntegerField()
-    unacked = serializers.IntegerField()
-    consumers = serializers.IntegerField()
+    # null: the management API left it out (statistics disabled): unknown, never 0.
+    messages = serializers.IntegerField(allow_null=True, help_text="null: unknown")
+    ready = serializers.IntegerField(allow_null=True, help_text="null: unknown")
+    unacked = serializers.IntegerField(allow_null=True, help_text="null: unknown")
+    consumers = serializers.IntegerField(allow_null=True, help_text="null: unknown")
     publish_rate = serializers.FloatField(allow_null=True)
     deliver_rate = serializers.FloatField(allow_null=True)
+    delivery_limit = serializers.CharField(
+        help_text='the effective delivery limit: "unlimited", a number, or "unknown"'
+    )
+    limit_problem = serializers.CharField(help_text="what a limit means here, empty if none")
 
 
 class BlockedSerializer(serializers.Serializer):
@@ -57,6 +62,9 @@ class HealthSerializer(serializers.Serializer):
     ok = serializers.BooleanField(help_text="no alarm, nothing blocked, every recovery queue seen")
     checked_at = serializers.FloatField(help_text="Unix time of the management API read")
     error = serializers.CharField(help_text="the management API did not answer: all unknown")
+    unknown = serializers.ListField(
+        child=serializers.CharField(), help_text="what the management API did not say"
+    )
     alarms = serializers.ListField(child=serializers.CharField())
     nodes = NodeSerializer(many=True)
     blocked_connections = BlockedSerializer(many=True)

@@ -77,6 +77,12 @@ class MessageDetailSerializer(MessageSerializer):
     )
     body_base64 = serializers.SerializerMethodField()
     body_text = serializers.SerializerMethodField()
+    transient = serializers.BooleanField(
+        source="is_transient",
+        read_only=True,
+        help_text="Published without delivery_mode 2: a replay publishes it transient too.",
+    )
+    app_retries = serializers.SerializerMethodField()
 
     class Meta(MessageSerializer.Meta):
         fields = [
@@ -86,8 +92,23 @@ class MessageDetailSerializer(MessageSerializer):
             "body_base64",
             "body_text",
             "group_label",
+            "transient",
+            "app_retries",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(
+        {
+            "type": "object",
+            "nullable": True,
+            "properties": {"header": {"type": "string"}, "count": {"type": "integer"}},
+            "description": "The application's own retry counter, if the message carries one "
+            "(from RabbitMQ 3.13 death_count restarts when an application republishes).",
+        }
+    )
+    def get_app_retries(self, obj):
+        found = obj.app_retry_count
+        return {"header": found[0], "count": found[1]} if found else None
 
     @extend_schema_field(serializers.CharField())
     def get_body_base64(self, obj):

@@ -14,8 +14,13 @@ from dataclasses import asdict, dataclass, field
 from django.conf import settings
 from django.core.cache import cache
 
+from recovery.broker.coverage import (
+    effective_delivery_limit,
+    read_operator_policies,
+    recovery_limits,
+)
 from recovery.broker.management import Management
-from recovery.broker.topology import Names
+from recovery.broker.topology import Names, broker_version
 
 CACHE_KEY = "lazarus:broker-health"
 
@@ -26,10 +31,10 @@ class Node:
     running: bool
     mem_used: int | None
     mem_limit: int | None
-    mem_alarm: bool
+    mem_alarm: bool | None  # None: not reported (unknown, never "no alarm")
     disk_free: int | None
     disk_free_limit: int | None
-    disk_free_alarm: bool
+    disk_free_alarm: bool | None
     fd_used: int | None
     fd_total: int | None
     sockets_used: int | None
@@ -54,14 +59,19 @@ class Node:
 
 @dataclass
 class RecoveryQueue:
+    # None: the management API left the number out (statistics disabled): shown as unknown.
     vhost: str
     name: str
-    messages: int
-    ready: int
-    unacked: int
-    consumers: int
+    messages: int | None
+    ready: int | None
+    unacked: int | None
+    consumers: int | None
     publish_rate: float | None
     deliver_rate: float | None
+    # The effective delivery limit of a quorum recovery queue ("unlimited", a number, "unknown")
+    # and, when it is not unlimited, what that means (coverage.recovery_limits).
+    delivery_limit: str = "unlimited"
+    limit_problem: str = ""
 
 
 @dataclass
@@ -72,11 +82,19 @@ class BrokerHealth:
     blocked_connections: list[dict] = field(default_factory=list)
     queues: list[RecoveryQueue] = field(default_factory=list)
     missing_queues: list[str] = field(default_factory=list)
+    # What the management API did not say (a field left out): unknown, so never "ok".
+    unknown: list[str] = field(default_factory=list)
     error: str = ""
 
     @property
     def ok(self):
-        return not (self.error or self.alarms or self.blocked_connections or self.missing_queues)
+        return not (
+            self.error
+            or self.alarms
+            or self.blocked_connections
+            or self.missing_queues
+            or self.unknown
+        )
 
     def as_dict(self):
         data = asdict(self)
@@ -129,25 +147,35 @@ def read(management=None) -> BrokerHealth:
     return health
 
 
+def _flag(raw, key):
+    value = raw.get(key)
+    return None if value is None else bool(value)
+
+
 def _add_node(health, raw):
     node = Node(
         name=raw.get("name", "?"),
         running=bool(raw.get("running", True)),
         mem_used=raw.get("mem_used"),
         mem_limit=raw.get("mem_limit"),
-        mem_alarm=bool(raw.get("mem_alarm")),
+        mem_alarm=_flag(raw, "mem_alarm"),
         disk_free=raw.get("disk_free"),
         disk_free_limit=raw.get("disk_free_limit"),
-        disk_free_alarm=bool(raw.get("disk_free_alarm")),
+        disk_free_alarm=_flag(raw, "disk_free_alarm"),
         fd_used=raw.get("fd_used"),
         fd_total=raw.get("fd_total"),
-        sockets_used=raw.get("sockets_used"),
-        sockets_total=raw.get("sockets_total"),
+        # RabbitMQ 4.x reports both as 0 always (it no longer limits sockets separately from
+        # file descriptors): a total of 0 is "not reported", not "no sockets".
+        sockets_used=raw.get("sockets_used") if raw.get("sockets_total") else None,
+        sockets_total=raw.get("sockets_total") or None,
         uptime_seconds=(raw["uptime"] // 1000) if raw.get("uptime") else None,
     )
     health.nodes.append(node)
     if not node.running:
         health.alarms.append(f"{node.name}: node not running")
+    for what, flag in (("memory", node.mem_alarm), ("disk", node.disk_free_alarm)):
+        if flag is None and node.running:
+            health.unknown.append(f"{node.name}: the management API does not say its {what} alarm")
     if node.mem_alarm:
         health.alarms.append(
             f"{node.name}: memory alarm ({node.mem_used} of {node.mem_limit} bytes): "
@@ -168,13 +196,24 @@ def _add_recovery_queues(health, management, vhost):
             for q in management.request(
                 "GET",
                 f"/queues/{management.quote(vhost)}?columns=name,messages,messages_ready,"
-                "messages_unacknowledged,consumers,message_stats",
+                "messages_unacknowledged,consumers,message_stats,type,arguments,policy,"
+                "operator_policy,effective_policy_definition,delivery_limit",
             )
             or []
         }
     except Exception as exc:  # noqa: BLE001 - said on the page, per vhost
         health.missing_queues.append(f"{vhost}: cannot list queues ({exc})")
         return
+    version = broker_version(management)
+    try:
+        policies = management.policies(vhost) or []
+    except Exception:  # noqa: BLE001 - then a limit only the policies say is unknown
+        policies = None
+    operator = read_operator_policies(management, vhost)
+    limits = {
+        row.name: row
+        for row in recovery_limits(vhost, found.values(), version, names, policies, operator)
+    }
     for name in (*names.source_queues, names.quarantine):
         q = found.get(name)
         if q is None:
@@ -185,14 +224,24 @@ def _add_recovery_queues(health, management, vhost):
             RecoveryQueue(
                 vhost=vhost,
                 name=name,
-                messages=q.get("messages") or 0,
-                ready=q.get("messages_ready") or 0,
-                unacked=q.get("messages_unacknowledged") or 0,
-                consumers=q.get("consumers") or 0,
+                messages=q.get("messages"),
+                ready=q.get("messages_ready"),
+                unacked=q.get("messages_unacknowledged"),
+                consumers=q.get("consumers"),
                 publish_rate=_rate(stats, "publish"),
                 deliver_rate=_rate(stats, "deliver_get"),
+                delivery_limit=_shown_limit(
+                    effective_delivery_limit(q, version, policies, operator)
+                ),
+                limit_problem=(
+                    f"{limits[name].detail} ({limits[name].fix})" if name in limits else ""
+                ),
             )
         )
+
+
+def _shown_limit(limit):
+    return "unknown" if limit is None else str(limit)
 
 
 def broker_health(refresh=False) -> BrokerHealth:

@@ -83,7 +83,7 @@ class Management:
             "GET",
             path + "?columns=name,vhost,messages,messages_ready,"
             "messages_unacknowledged,consumers,type,policy,arguments,effective_policy_definition,"
-            "exclusive,auto_delete",
+            "exclusive,auto_delete,operator_policy,delivery_limit",
         )
 
     def bindings(self, vhost):

@@ -33,13 +33,32 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from recovery.broker.management import Management
-from recovery.broker.topology import Names
+from recovery.broker.topology import Names, declared_counts
 from recovery.models.broker import BrokerTally
 
 PREFIX = "rabbitmq_global_messages_"
 REASONS = ("rejected", "expired", "maxlen", "delivery_limit")
 SCRAPE_TIMEOUT_S = 10
 TO_DLX = ("at_most_once", "at_least_once")  # the strategies that send to a dead-letter exchange
+
+
+# Series that are not application messages Lazarus could have kept. A volatile queue (4.x:
+# direct reply-to, "amq.rabbitmq.reply-to") drops a reply nobody waits for by design; it has no
+# dead-letter exchange to give, so counting it as "discarded" would raise a false alarm.
+NOT_APPLICATION_QUEUE_TYPES = frozenset(("rabbit_volatile_queue",))
+# The unroutable counters are per protocol. Lazarus's alternate exchange, client library and
+# collector deal in AMQP 0-9-1; the series RabbitMQ 4.x adds for AMQP 1.0 (and MQTT, STOMP)
+# count sends of other clients that Lazarus has no part in, and are left out of the tally
+# (docs/compatibility.md). Before 4.0 the label may be absent.
+TALLIED_PROTOCOLS = frozenset(("amqp091", ""))
+
+
+def application_queue(labels):
+    return labels.get("queue_type", "") not in NOT_APPLICATION_QUEUE_TYPES
+
+
+def tallied_protocol(labels):
+    return labels.get("protocol", "") in TALLIED_PROTOCOLS
 
 
 class CountersUnavailable(Exception):
@@ -60,9 +79,13 @@ def parse(text) -> dict[str, float]:
                 reason = what[len("dead_lettered_") :]
                 if reason not in REASONS:  # dead_lettered_confirmed: a transfer, not a death
                     continue
+                if not application_queue(sample.labels):
+                    continue
                 strategy = sample.labels.get("dead_letter_strategy", "")
                 key = f"dead_lettered:{reason}:{strategy}"
             elif what in ("unroutable_dropped", "unroutable_returned"):
+                if not tallied_protocol(sample.labels):
+                    continue
                 key = what
             else:
                 continue
@@ -115,13 +138,29 @@ def deltas(previous, current):
 
 def backlog(management=None) -> int:
     """Dead letters the broker has delivered to Lazarus's queues that are not stored yet (ready
-    or unacked in the dead-letter queue, or parked in quarantine), over the watched vhosts."""
+    or unacked in the dead-letter queue, parked past a delivery limit, or set aside in
+    quarantine), over the watched vhosts.
+
+    Where the management API leaves ``messages`` out (statistics disabled) the count comes from a
+    passive declare, which counts ready messages only: what the collector holds unacked then
+    shows as a gap for one interval and as its opposite in the next. A queue neither can count
+    raises (the sample is unknown, never a backlog of 0)."""
     management = management or Management()
     names = Names.from_settings()
+    queues = (names.dead_letters, names.parked, names.quarantine)
     waiting = 0
     for vhost in settings.RECOVERY_VHOSTS:
-        for name in (names.dead_letters, names.quarantine):
-            waiting += management.queue(vhost, name).get("messages") or 0
+        missing = []
+        for name in queues:
+            messages = (management.queue(vhost, name) or {}).get("messages")
+            if messages is None:
+                missing.append(name)
+            else:
+                waiting += messages
+        for name, counts in declared_counts(vhost, missing).items() if missing else ():
+            if counts is None:
+                raise CountersUnavailable(f"{vhost}/{name}: cannot count its messages")
+            waiting += counts[0]
     return waiting
 
 

@@ -6,6 +6,9 @@ Which recovery queue a delivery came from says what happened to it:
   why (``rejected|expired|maxlen|delivery_limit``) and how often; the most recent death is first.
 - ``unrouted`` (the alternate exchange): nothing was bound for it. The delivery still carries the
   exchange it was published to and its routing key.
+- ``parked``: one of the three above dead-lettered it past a delivery limit (docs/decisions.md
+  "Delivery limit"). The ``x-death`` entry naming our queue is taken off, and the delivery is
+  stored as if it came from that queue: the same row, and the same fingerprint, as before.
 - ``returns``: the client library handed it over after a ``basic.return``, a nack or no confirm;
   its ``x-recovery-*`` headers (docs/design.md "Broker topology") say which and where it was going.
 
@@ -27,22 +30,38 @@ from recovery.client import headers as header_codec
 from recovery.client.outbox import PROPERTY_NAMES
 from recovery.errors import UnstorableDelivery
 
-DEAD_LETTERS, UNROUTED, RETURNS = "dead_letters", "unrouted", "returns"
+DEAD_LETTERS, UNROUTED, RETURNS, PARKED = "dead_letters", "unrouted", "returns", "parked"
 
-# Headers the broker sets on each delivery from *our* recovery queue: quorum queues put their
-# own x-delivery-count on every delivery (0 the first time), overwriting any the message carried.
-# They describe our queue, not the message, and differ between a delivery and its redelivery, so
-# they are neither stored nor part of the fingerprint.
-DELIVERY_SCOPED_HEADERS = ("x-delivery-count",)
+# Headers the broker sets on each delivery from *our* recovery queue, overwriting any the message
+# carried: quorum queues put their x-delivery-count on a redelivery (3.x: every return; 4.3:
+# failed ones), and from 4.3 x-acquired-count (every time a consumer was given it). 4.x turns
+# every x- annotation of a delivery into a header (mc_amqpl:protocol_state); for a quorum queue
+# those two are the per-delivery ones. They describe our queue, not the message, and differ
+# between a delivery and its redelivery, so they are neither stored nor part of the fingerprint
+# (and a replay strips them: recovery/replay/wire.py).
+DELIVERY_SCOPED_HEADERS = ("x-delivery-count", "x-acquired-count")
 
 # Headers frameworks use to say why a consumer gave up (Spring AMQP, our client, common custom).
-EXCEPTION_TYPE_HEADERS = ("x-exception-type", "x-exception-class", "exception-type")
+# An AMQP 1.0 consumer (RabbitMQ 4.0+) that settles with `modified` and `undeliverable-here`
+# dead-letters with its own message annotations, which reach us as headers: RabbitMQ's docs
+# show x-opt-dead-letter-reason (a sentence) and x-opt-dead-letter-category.
+EXCEPTION_TYPE_HEADERS = (
+    "x-exception-type",
+    "x-exception-class",
+    "exception-type",
+    "x-opt-dead-letter-category",
+)
 EXCEPTION_MESSAGE_HEADERS = (
     "x-exception-message",
     "x-exception",
     "exception-message",
     "x-recovery-detail",
+    "x-opt-dead-letter-reason",
 )
+
+# RabbitMQ 4.x hands an AMQP 1.0 message id (or correlation id) that AMQP 0-9-1 cannot carry
+# (binary, or a string longer than 255 bytes) as a header instead of the property.
+AMQP10_ID_HEADERS = {"message_id": "x-message-id", "correlation_id": "x-correlation-id"}
 
 # x-recovery-kind -> the reason when x-recovery-reason is missing or unknown.
 RETURN_KINDS = {"returned": "no_route", "nacked": "nack", "unconfirmed": "timeout"}
@@ -299,13 +318,57 @@ def _origin(source, headers, exchange, routing_key) -> _Origin:
     )
 
 
+_FIRST_DEATH = ("x-first-death-queue", "x-first-death-reason", "x-first-death-exchange")
+_LAST_DEATH = ("x-last-death-queue", "x-last-death-reason", "x-last-death-exchange")
+
+
+class Unparked(NamedTuple):
+    headers: dict
+    queue: str  # the recovery queue it was parked from
+    exchange: str  # the exchange and routing key it had arrived there with
+    routing_key: str
+
+
+def unpark(headers, names=None) -> Unparked:
+    """A parked delivery as it was in the recovery queue it was parked from: its headers, that
+    queue, and the exchange and routing key it arrived there with (the death names them; the
+    delivery itself names the parking exchange). Raises UnstorableDelivery when no death names
+    one of ours (published to the parking exchange by hand: nothing says what it is)."""
+    from recovery.broker.topology import Names
+
+    names = names or Names.from_settings()
+    ours = set(names.limited_queues)
+    deaths = headers.get("x-death")
+    deaths = deaths if isinstance(deaths, list) else []
+    parked_from = next(
+        (d for d in deaths if isinstance(d, dict) and _text(d.get("queue")) in ours), None
+    )
+    if parked_from is None:
+        raise UnstorableDelivery("in the parking queue without a death in a recovery queue")
+    queue = _text(parked_from.get("queue"))
+    headers = dict(headers)
+    rest = [d for d in deaths if d is not parked_from]
+    if rest:
+        headers["x-death"] = rest
+    else:
+        headers.pop("x-death", None)
+    # Added by the broker as it parked it, when it had not died before (or, 3.13+, always).
+    for names_of_death in (_FIRST_DEATH, _LAST_DEATH):
+        if _text(headers.get(names_of_death[0])) == queue:
+            for name in names_of_death:
+                headers.pop(name, None)
+    keys = parked_from.get("routing-keys")
+    key = keys[0] if isinstance(keys, list) and keys else ""
+    return Unparked(headers, queue, _text(parked_from.get("exchange")), _text(key))
+
+
 def delivery_to_row(
     vhost, queue, exchange, routing_key, properties, body, *, source=None, poison_threshold=3
 ):
     """A delivery from one of the recovery queues -> a StoreRow.
 
     ``queue`` is the recovery queue it was consumed from and ``source`` which one it is
-    (DEAD_LETTERS, UNROUTED or RETURNS; looked up in the settings when not given).
+    (DEAD_LETTERS, UNROUTED, RETURNS or PARKED; looked up in the settings when not given).
     """
     source = source or source_of(queue)
     headers = properties.headers
@@ -315,6 +378,9 @@ def delivery_to_row(
         raise UnstorableDelivery(
             f"headers nested too deep to decode ({len(headers.raw)} B table, kept as received)"
         )
+    if source == PARKED:
+        headers, queue, exchange, routing_key = unpark(headers)
+        source = source_of(queue)
     body = bytes(body or b"")
     headers_json = header_codec.headers_to_json(headers)
     properties_json = properties_to_json(properties)
@@ -341,8 +407,8 @@ def delivery_to_row(
         death_count=min(origin.death_count, 2**31 - 1),
         first_death_at=origin.first_at,
         last_death_at=origin.last_at,
-        message_id=_text(properties.message_id, 255),
-        correlation_id=_text(properties.correlation_id, 255),
+        message_id=_id_text(properties.message_id, headers, "message_id"),
+        correlation_id=_id_text(properties.correlation_id, headers, "correlation_id"),
         properties=properties_text,
         headers=headers_text,
         body=body,
@@ -360,12 +426,30 @@ def delivery_to_row(
     )
 
 
+def _id_text(value, headers, name):
+    """The id property, or the header RabbitMQ 4.x put it in (AMQP 1.0): a binary id that is
+    not UTF-8 text is kept as ``hex:<its hex digits>``."""
+    if value is None:
+        value = headers.get(AMQP10_ID_HEADERS[name])
+        if isinstance(value, bytes):
+            try:
+                value = value.decode("utf-8")
+            except UnicodeDecodeError:
+                value = "hex:" + value.hex()
+    return _text(value, 255)
+
+
 def source_of(queue, names=None):
-    """Which recovery source a queue is (DEAD_LETTERS, UNROUTED or RETURNS)."""
+    """Which recovery source a queue is (DEAD_LETTERS, UNROUTED, RETURNS or PARKED)."""
     from recovery.broker.topology import Names
 
     names = names or Names.from_settings()
-    sources = {names.dead_letters: DEAD_LETTERS, names.unrouted: UNROUTED, names.returns: RETURNS}
+    sources = {
+        names.dead_letters: DEAD_LETTERS,
+        names.unrouted: UNROUTED,
+        names.returns: RETURNS,
+        names.parked: PARKED,
+    }
     try:
         return sources[queue]
     except KeyError:

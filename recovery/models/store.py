@@ -54,6 +54,19 @@ def default_target_of(kind, source_queue, source_exchange, routing_keys):
     return source_exchange, (routing_keys[0] if routing_keys else "")
 
 
+# Retry counters frameworks and hand-written retry loops keep in a header (the first present wins):
+# the common custom names, Spring Cloud Stream's, MassTransit's, NServiceBus's, Celery's.
+APP_RETRY_HEADERS = (
+    "x-retry-count",
+    "x-retries",
+    "retry-count",
+    "retries",
+    "deliveryAttempt",
+    "MT-Redelivery-Count",
+    "NServiceBus.Retries",
+)
+
+
 class Message(models.Model):
     kind = models.CharField(max_length=16, choices=Kind.choices)
     vhost = models.CharField(max_length=255, default="/")
@@ -142,6 +155,27 @@ class Message(models.Model):
     @property
     def body_bytes(self):
         return bytes(self.body)
+
+    @property
+    def app_retry_count(self):
+        """(header, value) of the application's own retry counter, or None. From RabbitMQ 3.13
+        the broker ignores an ``x-death`` a client publishes, so a retry loop that republishes
+        restarts ``death_count``; the counter a framework keeps says how often it really tried
+        (docs/compatibility.md)."""
+        for name in APP_RETRY_HEADERS:
+            value = header_codec.plain(self.headers.get(name)) if name in self.headers else None
+            if isinstance(value, int) and not isinstance(value, bool):
+                return name, value
+            if isinstance(value, str) and value.isdigit():
+                return name, int(value)
+        return None
+
+    @property
+    def is_transient(self):
+        """Published without delivery_mode 2 (an AMQP 1.0 message without ``durable`` arrives
+        so from RabbitMQ 4.x): a replay sends it transient too, and a broker restart before it
+        is consumed loses it."""
+        return (self.properties or {}).get("delivery_mode") != 2
 
     @property
     def died_again_copy_id(self):

@@ -25,7 +25,7 @@ from recovery.models import (
     ReplayJobItem,
     Status,
 )
-from recovery.replay.targets import ensure_delay_routes, validate_target
+from recovery.replay.targets import declare_delay_route, validate_target
 from recovery.replay.wire import wire_message
 
 log = logging.getLogger(__name__)
@@ -179,9 +179,17 @@ def _send(claimed, target, replayed_by, headers, body):
         # Sending it would fail the same way every time: a failed attempt with the reason,
         # never "broker unavailable" (which invites retries).
         return final_exchange, final_key, ReplayAttempt.Outcome.FAILED, refused
-    if target.delay_seconds:
-        ensure_delay_routes(claimed.vhost, target.delay_seconds, [final_exchange])
     with ConfirmingPublisher(claimed.vhost) as publisher:
+        if target.delay_seconds:
+            # On the publishing connection (a channel of its own: a refused declare closes
+            # it): RabbitMQ 4.2+'s metadata store (Khepri) confirms a declaration at a
+            # majority, and another connection, on another node, may not see it yet.
+            channel = publisher.confirming.connection.channel()
+            try:
+                declare_delay_route(channel, target.delay_seconds, final_exchange)
+            finally:
+                if channel.is_open:
+                    channel.close()
         outcome, detail = publisher.publish(publish_exchange, publish_key, properties, payload)
     if target.delay_seconds and outcome == ReplayAttempt.Outcome.CONFIRMED:
         detail = f"delayed {target.delay_seconds}s via {publish_exchange}"

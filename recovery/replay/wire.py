@@ -12,7 +12,8 @@ import pika
 from recovery.client import headers as header_codec
 
 # Headers describing a previous life of the message; the broker writes fresh ones if it dies again,
-# and the store keeps the originals.
+# and the store keeps the originals. The per-delivery counters of a quorum queue (x-delivery-count,
+# 4.3's x-acquired-count) describe a delivery from the queue it died in, not the message.
 STRIPPED_HEADERS = (
     "x-death",
     "x-first-death-queue",
@@ -22,6 +23,7 @@ STRIPPED_HEADERS = (
     "x-last-death-reason",
     "x-last-death-exchange",
     "x-delivery-count",
+    "x-acquired-count",
     "x-recovery-kind",
     "x-recovery-reason",
     "x-recovery-exchange",

@@ -166,10 +166,13 @@ class Taps(threading.Thread):
         connection = pika.BlockingConnection(self.parameters)
         try:
             channel = connection.channel()
-            args = {"x-expires": TAP_EXPIRES_MS}
-            channel.queue_declare(self.dead_letter_tap, durable=False, arguments=args)
+            # Durable: RabbitMQ 4.3 refuses a queue that is neither durable nor exclusive, and an
+            # exclusive tap would vanish with its connection (a reconnect would miss messages).
+            # Classic whatever the vhost's default queue type; x-expires removes it when unused.
+            args = {"x-expires": TAP_EXPIRES_MS, "x-queue-type": "classic"}
+            channel.queue_declare(self.dead_letter_tap, durable=True, arguments=args)
             channel.queue_bind(self.dead_letter_tap, self.dlx, "#")
-            channel.queue_declare(self.unrouted_tap, durable=False, arguments=args)
+            channel.queue_declare(self.unrouted_tap, durable=True, arguments=args)
             channel.queue_bind(self.unrouted_tap, self.unrouted, "")
         finally:
             connection.close()

@@ -52,6 +52,18 @@ def test_detail_carries_body_headers_and_properties(viewer_api):
     assert body["properties"]["content_type"] == "application/json"
 
 
+def test_detail_says_transient_and_the_applications_own_retry_count(viewer_api):
+    counted = make_message(headers={"x-retry-count": 3})
+    transient = make_message(properties={"content_type": "text/plain"})
+    body = viewer_api.get(f"/api/v1/messages/{counted.pk}").json()
+    assert (body["transient"], body["app_retries"]) == (
+        False,
+        {"header": "x-retry-count", "count": 3},
+    )
+    body = viewer_api.get(f"/api/v1/messages/{transient.pk}").json()
+    assert (body["transient"], body["app_retries"]) == (True, None)
+
+
 def test_replay_goes_back_to_the_queue_it_died_in(operator_api, amqp, app_queue):
     message = make_message(source_queue=app_queue, headers={"x-death": [], "keep": "me"})
     response = operator_api.post(f"/api/v1/messages/{message.pk}/replay")

@@ -98,6 +98,7 @@ def second_vhost(wired):
         out = io.StringIO()
         call_command("wire", "--vhost", vhost, stdout=out)
         assert f"vhost {vhost}: declared" in out.getvalue()
+        assert "; policy lazarus-recovery-queues on the recovery queues" in out.getvalue()
         yield vhost
     finally:
         management.delete_vhost(vhost)

@@ -14,6 +14,7 @@ from recovery.client.headers import UndecodableHeaders
 from recovery.collector.consumer import Window
 from recovery.collector.rows import (
     DEAD_LETTERS,
+    PARKED,
     RETURNS,
     UNROUTED,
     delivery_to_row,
@@ -151,6 +152,60 @@ class TestDeliveryToRow:
         properties = pika.BasicProperties(headers=UndecodableHeaders(b"\x01"))
         with pytest.raises(UnstorableDelivery, match="nested too deep"):
             delivery_to_row("v", "q", "", "", properties, b"", source=RETURNS)
+
+
+class TestParked:
+    """A message a recovery queue parked past a delivery limit is stored as the row it would
+    have been in that queue: same fields, same fingerprint (a copy stored before is a duplicate)."""
+
+    @staticmethod
+    def delivery(queue, source, headers, exchange, routing_key):
+        properties = pika.BasicProperties(headers=headers, message_id="p-1", delivery_mode=2)
+        return delivery_to_row("v", queue, exchange, routing_key, properties, b"p", source=source)
+
+    def parked(self, original_headers, from_queue, exchange, routing_key, first_death=True):
+        ours = {
+            **death(from_queue, "delivery_limit", 1, T2, exchange),
+            "routing-keys": [routing_key],
+        }
+        headers = {
+            **original_headers,
+            "x-death": [ours, *original_headers.get("x-death", [])],
+            "x-delivery-count": 3,
+        }
+        if first_death:  # the broker adds them when the message had not died before
+            headers |= {
+                "x-first-death-queue": from_queue,
+                "x-first-death-reason": "delivery_limit",
+                "x-first-death-exchange": exchange,
+            }
+        return self.delivery("recovery.parked", PARKED, headers, "recovery.parked", routing_key)
+
+    def test_an_unroutable_message_keeps_its_exchange_and_routing_key(self):
+        original = self.delivery("recovery.unrouted", UNROUTED, {"a": 1}, "shop", "k.1")
+        parked = self.parked({"a": 1}, "recovery.unrouted", "shop", "k.1")
+        assert parked == original
+        assert (parked.kind, parked.source_exchange, parked.routing_keys) == (
+            "unroutable",
+            "shop",
+            '["k.1"]',
+        )
+
+    def test_a_dead_letter_keeps_its_own_death_history(self):
+        app_death = {
+            "x-death": [death("orders", "rejected", 2, T1)],
+            "x-first-death-queue": "orders",
+        }
+        original = self.delivery(
+            "recovery.dead_letters", DEAD_LETTERS, app_death, "recovery.dlx", "orders"
+        )
+        parked = self.parked(app_death, "recovery.dead_letters", "recovery.dlx", "orders", False)
+        assert parked == original
+        assert (parked.source_queue, parked.death_count) == ("orders", 2)
+
+    def test_a_parked_message_no_recovery_queue_parked_is_refused(self):
+        with pytest.raises(UnstorableDelivery, match="parking queue"):
+            self.delivery("recovery.parked", PARKED, {"a": 1}, "recovery.parked", "")
 
 
 class TestFailureGroup:

@@ -15,7 +15,7 @@ from tests.helpers import make_user, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-SOURCES = ("recovery.dead_letters", "recovery.unrouted", "recovery.returns")
+SOURCES = ("recovery.dead_letters", "recovery.unrouted", "recovery.returns", "recovery.parked")
 
 
 @pytest.fixture
@@ -93,7 +93,7 @@ def test_health_shows_every_source_of_every_vhost(two_vhosts, client):
     assert source["last_collected_at"] is not None
     assert isinstance(source["rate"], float) and source["rate"] >= 0
     assert health["quarantine"] == {first: 0, second: 0}
-    assert len(health["threads"]) == 6
+    assert len(health["threads"]) == 2 * len(SOURCES)  # 8: one per source queue and vhost
 
     client.force_login(make_user("health-viewer", "viewer"))  # anonymous callers get no detail
     report = client.get("/healthz").json()
@@ -150,7 +150,8 @@ def test_health_says_when_a_vhost_is_not_wired_or_not_there(transactional_db, wi
         health = collector_health()
         assert health["broker"] == {"ok": True}
         assert set(health["lag"][unwired].values()) == {None}
-        assert [s["depth"] for s in health["sources"] if s["vhost"] == unwired] == [None] * 3
+        depths = [s["depth"] for s in health["sources"] if s["vhost"] == unwired]
+        assert depths == [None] * len(SOURCES)
 
         settings.RECOVERY_VHOSTS = [wired, f"{wired}-missing"]
         health = collector_health()

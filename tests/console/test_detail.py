@@ -118,3 +118,28 @@ def test_the_edit_form_offers_the_headers_a_replay_keeps(client, operator):
 def test_an_unknown_message_is_404(client, viewer):
     client.force_login(viewer)
     assert client.get("/messages/999999/").status_code == 404
+
+
+def test_a_transient_message_says_a_replay_sends_it_transient(client, operator):
+    transient = make_message(properties={"content_type": "application/json"})
+    persistent = make_message()  # delivery_mode 2
+    client.force_login(operator)
+    page = client.get(f"/messages/{transient.pk}/").content.decode()
+    assert 'id="transient-warning"' in page
+    assert "a replay publishes it transient too" in page
+    assert (
+        'id="transient-warning"' not in client.get(f"/messages/{persistent.pk}/").content.decode()
+    )
+
+
+def test_the_applications_own_retry_count_is_shown_beside_the_deaths(client, viewer):
+    counted = make_message(death_count=1, headers={"x-retry-count": 4, "tenant": "a"})
+    stringly = make_message(death_count=1, headers={"retries": "7"})
+    uncounted = make_message(death_count=1, headers={"retry-count": "soon"})
+    assert counted.app_retry_count == ("x-retry-count", 4)
+    assert stringly.app_retry_count == ("retries", 7)
+    assert uncounted.app_retry_count is None
+    client.force_login(viewer)
+    page = client.get(f"/messages/{counted.pk}/").content.decode()
+    assert "the application's own count: 4, header <code>x-retry-count</code>" in page
+    assert 'id="app-retries"' not in client.get(f"/messages/{uncounted.pk}/").content.decode()

@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 
 from recovery.models import Activity, Message
-from tests.helpers import make_message
+from tests.helpers import declare_app_queue, make_message
 
 pytestmark = pytest.mark.django_db
 
@@ -115,3 +115,18 @@ def test_the_live_fragment_shows_running_collectors_and_their_lag(client, viewer
     )
     assert 'id="collector-sources"' in html and "recovery.returns" in html
     assert "not declared" not in html
+
+
+def test_the_live_fragment_shows_each_quorum_queues_delivery_limit(client, viewer, amqp):
+    declare_app_queue(amqp, "live.limited", **{"x-queue-type": "quorum", "x-delivery-limit": 4})
+    try:
+        client.force_login(viewer)
+        html = client.get("/overview/live", HTTP_HX_REQUEST="true").content.decode()
+        assert "<td>4, then dead-lettered to Lazarus</td>" in _row(html, "live.limited")
+        assert "<td>unlimited</td>" in _row(html, "<strong>recovery.dead_letters</strong>")
+    finally:
+        amqp.queue_delete("live.limited")
+
+
+def _row(html, name):
+    return next(row for row in html.split("<tr>") if f">{name}</" in row)

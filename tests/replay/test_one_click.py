@@ -115,6 +115,36 @@ def test_a_delayed_replay_waits_in_a_ttl_queue_then_arrives(wired, amqp, operato
     assert body == b"later" and props.message_id == message.message_id
 
 
+def test_a_delayed_replay_declares_its_route_on_the_connection_it_publishes_on(
+    wired, amqp, operator, settings, monkeypatch
+):
+    """RabbitMQ 4.2+ (Khepri) confirms a declaration at a majority: a publish on another
+    connection, maybe to another node, may not find the new delay exchange yet."""
+    from recovery.broker import confirms
+    from recovery.replay import targets
+
+    settings.REPLAY_DELAYS = [3]
+    amqp.exchange_delete("recovery.delay.3s")
+    amqp.queue_delete("recovery.delay.3s")
+    declare_app_queue(amqp, "one.khepri")
+    [message] = stored_dead_letters("one.khepri", 1, body=b"k")
+    opened = []
+    for module in (confirms, targets):  # every connection a one-click replay may open
+        real = module.connect
+        monkeypatch.setattr(
+            module, "connect", lambda *a, _real=real, **k: opened.append(1) or _real(*a, **k)
+        )
+
+    attempt = replay_message(message, user=operator, delay_seconds=3)
+
+    assert attempt.outcome == ReplayAttempt.Outcome.CONFIRMED
+    assert "recovery.delay.3s" in attempt.detail
+    assert len(opened) == 1  # the declaration and the publish: one connection
+    assert queue_depth("recovery.delay.3s") == 1
+    amqp.queue_delete("recovery.delay.3s")
+    amqp.exchange_delete("recovery.delay.3s")
+
+
 def test_a_delay_that_is_not_configured_is_refused(wired, operator):
     [message] = stored_dead_letters("one.d", 1)
 

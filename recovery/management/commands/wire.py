@@ -7,8 +7,10 @@ from recovery.errors import ManagementError
 
 class Command(BaseCommand):
     help = (
-        "Declare the recovery topology (DLX, dead-letter, unrouted, returns and quarantine "
-        "queues) and, with --queues/--exchanges, make matching application queues dead-letter "
+        "Declare the recovery topology (DLX, dead-letter, unrouted, returns, parked and "
+        "quarantine queues), put the policy that keeps a delivery limit from dropping the "
+        "recovery queues' messages on them (existing deployments: run it again after an "
+        "upgrade) and, with --queues/--exchanges, make matching application queues dead-letter "
         "to it and matching exchanges use its alternate exchange (RabbitMQ policies). Idempotent."
     )
 
@@ -47,6 +49,7 @@ class Command(BaseCommand):
                 raise CommandError(f"cannot wire vhost {vhost!r}: {exc!r}") from exc
             self.stdout.write(
                 f"vhost {vhost}: declared {', '.join(report['declared'])}"
+                + f"; policy {report['recovery_policy']} on the recovery queues"
                 + (f"; policy {report['queue_policy']} on /{queues}/" if queues else "")
                 + (f"; policy {report['exchange_policy']} on /{exchanges}/" if exchanges else "")
                 + ("; dead-lettering at least once" if at_least_once else "")
