@@ -4,6 +4,7 @@ parsed into a JSON-able value (protobuf's JSON mapping, Avro's records as object
 serialized back with the same schema, where a value that does not fit is a DecodeError naming
 the field."""
 
+import functools
 import io
 import json
 import struct
@@ -92,6 +93,18 @@ class ProtobufDocument(Document):
         except json_format.ParseError as exc:
             raise DecodeError(f"{self.type_name}: {exc}") from exc
         return message.SerializeToString()
+
+
+@functools.lru_cache(maxsize=64)
+def protobuf_document(descriptor_set, type_name):
+    """A ProtobufDocument, built once per descriptor set and type (building the pool costs far
+    more than decoding one body: the indexer decodes thousands per batch)."""
+    return ProtobufDocument(descriptor_pool_from(descriptor_set), type_name)
+
+
+@functools.lru_cache(maxsize=64)
+def avro_document(schema_text):
+    return AvroDocument(schema_text)
 
 
 def parse_avro_schema(schema):

@@ -150,11 +150,9 @@ class DecoderRule(models.Model):
                 raise DecodeError(
                     "the rule names no message type and the message has no `type` property"
                 )
-            return schemas.ProtobufDocument(
-                schemas.descriptor_pool_from(self.descriptor_set), type_name
-            )
+            return schemas.protobuf_document(bytes(self.descriptor_set), type_name)
         if self.decoder == self.Decoder.AVRO:
-            return schemas.AvroDocument(self.avro_schema)
+            return schemas.avro_document(self.avro_schema)
         return schemas.RegistryAvroDocument(self.registry_url, settings.SCHEMA_REGISTRY_TIMEOUT)
 
     @classmethod
