@@ -18,6 +18,7 @@ from console.views import (
     messages,
     metrics,
     overview,
+    quarantine,
     users,
 )
 from recovery.api.errors import api_not_found
@@ -48,6 +49,8 @@ urlpatterns = [
     path("messages/<int:pk>/edit", message.message_edit, name="message-edit"),
     path("messages/<int:pk>/body", message.message_body, name="message-body"),
     path("groups/", groups.group_list, name="groups"),
+    path("quarantine/", quarantine.quarantine_list, name="quarantine"),
+    path("quarantine/act", quarantine.quarantine_act, name="quarantine-act"),
     path("jobs/", jobs.job_list, name="jobs"),
     path("jobs/new", jobs.job_new, name="job-new"),
     path("jobs/<int:pk>/", jobs.job_detail, name="job"),

@@ -102,3 +102,23 @@ def second_vhost(wired):
         yield vhost
     finally:
         management.delete_vhost(vhost)
+
+
+def fill_quarantine(amqp, messages, limit):
+    """Quarantine ``messages`` ({message_id: body over ``limit``}) for real: collector threads
+    with that body limit take them from an application queue's dead letters and quarantine them."""
+    from recovery.collector.consumer import start_collectors, stop_collectors
+
+    stop_event, threads = start_collectors(flush_seconds=0.05, max_body_bytes=limit)
+    try:
+        declare_app_queue(amqp, "q.huge")
+        for message_id, body in messages.items():
+            publish(amqp, "q.huge", body, message_id=message_id, headers={"tenant": "acme"})
+        for _ in messages:
+            reject_next(amqp, "q.huge")
+        wait_for(
+            lambda: depth(amqp, "recovery.quarantine") == len(messages),
+            message=f"{len(messages)} quarantined",
+        )
+    finally:
+        stop_collectors(stop_event, threads)
