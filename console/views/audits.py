@@ -1,10 +1,12 @@
 """Audit runs and their reports: per-hour charts, window badges, the evidence behind each number."""
 
+import datetime
 from collections import defaultdict
 
 from django.contrib.auth.decorators import login_required
 from django.db.models import Count
 from django.shortcuts import get_object_or_404, render
+from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from console.access import viewer_required
@@ -65,11 +67,32 @@ def audit_list(request):
             )
     runs = list(runs[: RUNS_PER_PAGE + 1])
     next_before = runs[RUNS_PER_PAGE - 1].pk if len(runs) > RUNS_PER_PAGE else None
+    rows = with_days_not_run(runs[:RUNS_PER_PAGE], newest=None if before else yesterday())
     return render(
         request,
         "audits/list.html",
-        {"runs": runs[:RUNS_PER_PAGE], "headline": HEADLINE, "next_before": next_before},
+        {"rows": rows, "headline": HEADLINE, "next_before": next_before},
     )
+
+
+def yesterday():
+    return timezone.localdate() - datetime.timedelta(days=1)
+
+
+def with_days_not_run(runs, newest=None):
+    """The runs (newest day first) as rows, with a ``{"missing": day}`` row for each day between
+    them (and from ``newest``, the last day a nightly audit should have done, down to the first
+    run) that has no run at all: a day nobody audited is shown as not run, never left out.
+    Days before the first run ever are not counted."""
+    rows = []
+    expected = newest
+    for run in runs:
+        while expected is not None and expected > run.date:
+            rows.append({"missing": expected})
+            expected -= datetime.timedelta(days=1)
+        rows.append({"run": run})
+        expected = run.date - datetime.timedelta(days=1)
+    return rows
 
 
 def _number(value):

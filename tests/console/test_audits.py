@@ -51,6 +51,27 @@ def test_the_run_list_shows_status_finality_and_totals(client, viewer):
     assert "PROVISIONAL" in html and "succeeded" in html
 
 
+def test_days_without_a_run_are_shown_as_not_run(client, viewer, time_machine):
+    time_machine.move_to("2026-11-25 09:00:00+00:00", tick=False)
+    for day in (24, 21, 20):  # nothing for the 22nd and 23rd
+        AuditRun.objects.create(date=datetime.date(2026, 11, day), status="succeeded")
+    client.force_login(viewer)
+    html = client.get("/audits/").content.decode()
+    days = re.findall(r"<tr( class=\"not-run\")?>\s*<td>(?:<a [^>]*>)?(2026-11-\d\d)", html)
+    assert [(bool(missing), day) for missing, day in days] == [
+        (False, "2026-11-24"),
+        (True, "2026-11-23"),
+        (True, "2026-11-22"),
+        (False, "2026-11-21"),
+        (False, "2026-11-20"),
+    ]
+    assert html.count("not run</span>") == 2
+    time_machine.move_to("2026-11-27 09:00:00+00:00", tick=False)  # the nightly run missed two
+    html = client.get("/audits/").content.decode()
+    assert html.index("2026-11-26") < html.index("2026-11-25") < html.index("2026-11-24")
+    assert html.count("not run</span>") == 4
+
+
 def test_the_report_charts_loss_duplicates_and_latency_per_group(client, viewer):
     run = make_run()
     client.force_login(viewer)
