@@ -1,0 +1,37 @@
+from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
+
+from recovery.models import Activity, archive
+
+
+class Command(BaseCommand):
+    help = (
+        "Bring messages retention archived (RETENTION_ARCHIVE_DIR, *.jsonl.gz) back into the "
+        "store as they were: ids, times, status, properties, headers and body. Idempotent: a "
+        "message whose fingerprint is in the store is skipped. Then run index_search --all."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("files", nargs="+", metavar="FILE")
+
+    def handle(self, *args, files, **options):
+        totals = {"imported": 0, "skipped": 0, "renumbered": 0, "origin_cleared": 0}
+        for path in files:
+            try:
+                counts = archive.import_rows(archive.read_archive(path))
+            except (OSError, ValueError, EOFError) as exc:
+                # Each chunk is its own transaction: what was imported before stays, and a
+                # re-run skips it.
+                raise CommandError(f"{path}: {exc} (imported so far: {totals})") from exc
+            for key, n in counts.items():
+                totals[key] += n
+            self.stdout.write(
+                f"{path}: {counts['imported']} imported, {counts['skipped']} already in the "
+                f"store, {counts['renumbered']} with a new id (theirs is taken), "
+                f"{counts['origin_cleared']} whose origin is not in the store"
+            )
+        Activity.objects.create(
+            action="import_archive",
+            via="system",
+            detail={**totals, "files": [str(f) for f in files], "at": timezone.now().isoformat()},
+        )
