@@ -16,6 +16,7 @@ Gzip readers (``zcat``, Python's gzip) read the concatenated members as one stre
 """
 
 import base64
+import contextlib
 import datetime
 import gzip
 import json
@@ -99,8 +100,10 @@ def _append_member(path, data):
                 view = view[os.write(fd, view) :]
             os.fsync(fd)
         except BaseException:
-            # A member half written (ENOSPC) would make the rest of the file unreadable.
-            os.ftruncate(fd, size)
+            # A member half written (ENOSPC) would make the rest of the file unreadable. Not a
+            # regular file (a device): nothing to cut, the write's own error is the one to say.
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
             raise
     finally:
         os.close(fd)
