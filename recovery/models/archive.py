@@ -1,13 +1,15 @@
 """The retention archive: what retention deletes, written first to gzip JSON Lines files, and read
 back into the store by ``manage.py import_archive``.
 
-With RETENTION_ARCHIVE_DIR set, each batch retention is about to delete is written, in the
-transaction that holds the batch's rows locked, to ``<dir>/<vhost>/<YYYY-MM-DD>.jsonl.gz`` (the
-vhost percent-quoted, the UTC day of the retention run), as one more gzip member appended to the
-file, then flushed and fsynced; only then are the rows deleted. A write that fails (a full disk,
-a directory that cannot be created) cuts the file back to where it was and raises: the batch is
-not deleted. A crash between the fsync and the commit archives the batch twice (it is still in
-the store, so the next run writes it again); the import skips the second copy by fingerprint.
+With RETENTION_ARCHIVE_DIR set, each batch retention is about to delete is written to
+``<dir>/<vhost>/<YYYY-MM-DD>.jsonl.gz`` (the vhost percent-quoted, the UTC day of the retention
+run), as one more gzip member appended to the file, then fsynced; only then are the rows locked
+and deleted, each only if it is unchanged since it was written (same ``updated_at``: every
+change sets it). Written before the lock, so the disk's speed never lengthens how long a row is
+locked. A write that fails (a full disk, a directory that cannot be created) cuts the file back
+to where it was and raises: the batch is not deleted. A message changed between its write and
+the lock, or a crash before the delete's commit, leaves it archived and still stored (archived
+again when it goes); the import skips a second copy by fingerprint.
 
 One line per message: every column of ``recovery_message`` by its column name, the body in
 base64, the times in ISO 8601 with microseconds, properties and headers as the tagged JSON the
@@ -74,16 +76,20 @@ def from_record(record) -> dict:
     return row
 
 
-def archive_messages(directory, ids, day) -> int:
-    """Append the messages ``ids`` to their vhost's file of ``day``, fsynced; returns how many.
-    Raises OSError when they cannot all be written (each file cut back to where it was)."""
+def archive_messages(directory, ids, day) -> dict:
+    """Append the messages ``ids`` to their vhost's file of ``day``, fsynced; returns the
+    ``updated_at`` of each message written, by id (retention deletes a message only if it has
+    not changed since). Raises OSError when they cannot all be written (each file cut back to
+    where it was)."""
     by_vhost: dict[str, list[bytes]] = {}
+    written = {}
     for row in Message.objects.filter(pk__in=ids).order_by("pk").values(*COLUMNS):
         line = json.dumps(to_record(row), ensure_ascii=False, separators=(",", ":"))
         by_vhost.setdefault(row["vhost"], []).append(line.encode() + b"\n")
+        written[row["id"]] = row["updated_at"]
     for vhost, lines in by_vhost.items():
         _append_member(archive_file(directory, vhost, day), b"".join(lines))
-    return sum(len(lines) for lines in by_vhost.values())
+    return written
 
 
 def _append_member(path, data):

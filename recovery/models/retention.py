@@ -81,20 +81,24 @@ def _delete_expired_messages(cutoff, days, batch, now, result):
         ids = list(expired.values_list("pk", flat=True)[:batch])
         if not ids:
             break
+        archived = None
+        if archive_dir:
+            # On disk (fsynced) before the rows are locked: a failure deletes nothing.
+            try:
+                archived = archive.archive_messages(archive_dir, ids, now.date())
+            except OSError as exc:
+                raise ArchiveFailed(f"cannot archive to {archive_dir}: {exc}") from exc
+            result["archived"] += len(archived)
         with transaction.atomic():
-            # Re-checked under the lock: a message restored or replayed meanwhile stays.
-            ids = list(
+            # Re-checked under the lock: a message restored or replayed meanwhile stays, and
+            # one changed since it was archived (every change sets updated_at) stays too.
+            locked = (
                 expired.filter(pk__in=ids)
                 .order_by("pk")  # rows are locked in id order, as job claims lock them
                 .select_for_update(of=("self",))
-                .values_list("pk", flat=True)
+                .values_list("pk", "updated_at")
             )
-            if archive_dir:
-                # On disk (fsynced) before the rows go; a failure rolls the batch back.
-                try:
-                    result["archived"] += archive.archive_messages(archive_dir, ids, now.date())
-                except OSError as exc:
-                    raise ArchiveFailed(f"cannot archive to {archive_dir}: {exc}") from exc
+            ids = [pk for pk, at in locked if archived is None or archived.get(pk) == at]
             # What was done with them stays (recovery.models.history): a 'deleted' row each.
             MessageHistory.record_messages(
                 ids, HistoryAction.DELETED, via="system", detail=f"retention ({days} days)"

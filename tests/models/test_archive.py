@@ -262,3 +262,26 @@ def test_the_import_renumbers_a_taken_id_and_clears_a_missing_origin(settings, t
     assert Message.objects.get(pk=stranger.pk).fingerprint == "x" * 64
     newest = make_message()
     assert newest.pk > max(r["id"] for r in rows)
+
+
+@pytest.mark.django_db
+def test_a_message_changed_after_it_was_archived_is_not_deleted(settings, tmp_path, monkeypatch):
+    settings.RETENTION_DAYS = 30
+    settings.RETENTION_ARCHIVE_DIR = str(tmp_path)
+    changed, unchanged = expired(), expired()
+    write = archive_module.archive_messages
+
+    def then_restored(directory, ids, day):
+        written = write(directory, ids, day)
+        # Between the write and the lock, an operator restores it (a change sets updated_at).
+        Message.objects.filter(pk=changed.pk).update(
+            status=Status.PENDING, updated_at=timezone.now()
+        )
+        return written
+
+    monkeypatch.setattr(archive_module, "archive_messages", then_restored)
+    result = apply_retention()
+
+    assert (result["archived"], result["messages"]) == (2, 1)
+    assert list(Message.objects.values_list("pk", flat=True)) == [changed.pk]
+    assert not Message.objects.filter(pk=unchanged.pk).exists()
