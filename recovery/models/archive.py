@@ -27,6 +27,7 @@ import urllib.parse
 from pathlib import Path
 
 from django.db import connection, transaction
+from django.utils import timezone
 
 from recovery.models.store import Message
 
@@ -144,14 +145,18 @@ def read_archive(path):
 IMPORT_BATCH = 500
 
 
-def import_rows(rows, batch=IMPORT_BATCH) -> dict:
-    """Insert archived rows back into the store as they were; returns counts: ``imported``,
+def import_rows(rows, batch=IMPORT_BATCH, touch=False) -> dict:
+    """Insert archived rows back into the store as they were (``touch``: with ``updated_at``
+    now, so retention keeps them RETENTION_DAYS again); returns counts: ``imported``,
     ``skipped`` (a message with that fingerprint is in the store: a re-import, or it was never
     deleted), ``renumbered`` (its id belongs to another message now: a new id),
     ``origin_cleared`` (the row it was replayed from is not in the store)."""
     counts = {"imported": 0, "skipped": 0, "renumbered": 0, "origin_cleared": 0}
     chunk = []
+    now = timezone.now()
     for row in rows:
+        if touch:
+            row["updated_at"] = now
         chunk.append(row)
         if len(chunk) >= batch:
             _import_chunk(chunk, counts)

@@ -285,3 +285,21 @@ def test_a_message_changed_after_it_was_archived_is_not_deleted(settings, tmp_pa
     assert (result["archived"], result["messages"]) == (2, 1)
     assert list(Message.objects.values_list("pk", flat=True)) == [changed.pk]
     assert not Message.objects.filter(pk=unchanged.pk).exists()
+
+
+@pytest.mark.django_db
+def test_an_import_with_touch_is_kept_by_the_next_retention_run(settings, tmp_path):
+    settings.RETENTION_DAYS = 30
+    settings.RETENTION_ARCHIVE_DIR = str(tmp_path)
+    now = timezone.now()
+    kept, again = expired(), expired()
+    apply_retention(now=now)
+    path = archive_module.archive_file(tmp_path, kept.vhost, now.date())
+    rows = list(archive_module.read_archive(path))
+
+    archive_module.import_rows([r for r in rows if r["id"] == kept.pk], touch=True)
+    call_command("import_archive", str(path))  # the other one as it was: past retention
+
+    assert apply_retention()["messages"] == 1
+    assert list(Message.objects.values_list("pk", flat=True)) == [kept.pk]
+    assert not Message.objects.filter(pk=again.pk).exists()

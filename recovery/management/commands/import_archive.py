@@ -1,5 +1,4 @@
 from django.core.management.base import BaseCommand, CommandError
-from django.utils import timezone
 
 from recovery.models import Activity, archive
 
@@ -13,12 +12,18 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("files", nargs="+", metavar="FILE")
+        parser.add_argument(
+            "--touch",
+            action="store_true",
+            help="set each imported message's last change to now: otherwise one still past "
+            "RETENTION_DAYS is deleted (and archived) again by the next hourly retention run",
+        )
 
-    def handle(self, *args, files, **options):
+    def handle(self, *args, files, touch, **options):
         totals = {"imported": 0, "skipped": 0, "renumbered": 0, "origin_cleared": 0}
         for path in files:
             try:
-                counts = archive.import_rows(archive.read_archive(path))
+                counts = archive.import_rows(archive.read_archive(path), touch=touch)
             except (OSError, ValueError, EOFError) as exc:
                 # Each chunk is its own transaction: what was imported before stays, and a
                 # re-run skips it.
@@ -33,5 +38,5 @@ class Command(BaseCommand):
         Activity.objects.create(
             action="import_archive",
             via="system",
-            detail={**totals, "files": [str(f) for f in files], "at": timezone.now().isoformat()},
+            detail={**totals, "files": [str(f) for f in files], "touch": touch},
         )
