@@ -14,16 +14,19 @@ again when it goes); the import skips a second copy by fingerprint.
 One line per message: every column of ``recovery_message`` by its column name, the body in
 base64, the times in ISO 8601 with microseconds, properties and headers as the tagged JSON the
 store keeps (recovery/client/headers.py), and ``"archive": 1`` (the format's version).
-Gzip readers (``zcat``, Python's gzip) read the concatenated members as one stream.
+Gzip readers (``zcat``, Python's gzip) read the concatenated members as one stream;
+``read_archive`` also reads past a member a crash cut short.
 """
 
 import base64
 import contextlib
 import datetime
 import gzip
+import itertools
 import json
 import os
 import urllib.parse
+import zlib
 from pathlib import Path
 
 from django.db import connection, transaction
@@ -129,17 +132,76 @@ def _fsync_dir(path):
         os.close(fd)
 
 
-def read_archive(path):
-    """The rows of an archive file (gzip members or plain JSON Lines), one dict each."""
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                yield from_record(json.loads(line))
-            except (ValueError, KeyError) as exc:
-                raise ValueError(f"{path}, line {number}: {exc}") from None
+def read_archive(path, torn=None):
+    """The rows of an archive file (gzip members, or plain JSON Lines), one dict each.
+
+    A member cut short by a crash while it was appended (its batch was not deleted: it was
+    archived again by a later run) is skipped up to the next member, and counted in
+    ``torn["members"]`` when a dict is given; ``zcat`` would stop there."""
+    if str(path).endswith(".gz"):
+        with open(path, "rb") as raw:
+            chunks = (_member_lines(member) for member in _gzip_members(raw, torn))
+            yield from _rows(path, itertools.chain.from_iterable(chunks))
+    else:
+        with open(path, encoding="utf-8") as lines:
+            yield from _rows(path, lines)
+
+
+def _rows(path, lines):
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            yield from_record(json.loads(line))
+        except (ValueError, KeyError) as exc:
+            raise ValueError(f"{path}, line {number}: {exc}") from None
+
+
+def _member_lines(member):
+    return member.decode("utf-8").splitlines()
+
+
+# What each member written here starts with (mtime 0): where reading resumes after a torn one.
+MEMBER_HEADER = gzip.compress(b"", compresslevel=6, mtime=0)[:10]
+READ_CHUNK = 1 << 20
+
+
+def _gzip_members(raw, torn):
+    """The decompressed bytes of each whole member (one retention batch: a few MB)."""
+    pending = raw.read(READ_CHUNK)
+    while pending:
+        member = bytearray(pending)  # its compressed bytes so far, to resync from
+        inflate = zlib.decompressobj(wbits=31)
+        out = []
+        data = pending
+        try:
+            while True:
+                out.append(inflate.decompress(data))
+                if inflate.eof:
+                    break
+                data = raw.read(READ_CHUNK)
+                if not data:
+                    raise EOFError("a member cut short at the end of the file")
+                member += data
+        except (zlib.error, EOFError):
+            if torn is not None:
+                torn["members"] = torn.get("members", 0) + 1
+            pending = _next_member(raw, member)
+            continue
+        yield b"".join(out)
+        pending = inflate.unused_data or raw.read(READ_CHUNK)
+
+
+def _next_member(raw, seen):
+    """The bytes from the next member header after the start of ``seen`` (read on as needed)."""
+    at = seen.find(MEMBER_HEADER, 1)
+    while at < 0:
+        data = raw.read(READ_CHUNK)
+        if not data:
+            return b""
+        seen = seen[-len(MEMBER_HEADER) :] + data
+        at = seen.find(MEMBER_HEADER, 1)
+    return bytes(seen[at:])
 
 
 IMPORT_BATCH = 500

@@ -303,3 +303,31 @@ def test_an_import_with_touch_is_kept_by_the_next_retention_run(settings, tmp_pa
     assert apply_retention()["messages"] == 1
     assert list(Message.objects.values_list("pk", flat=True)) == [kept.pk]
     assert not Message.objects.filter(pk=again.pk).exists()
+
+
+@pytest.mark.django_db
+def test_the_import_reads_past_a_member_cut_short_by_a_crash(settings, tmp_path):
+    settings.RETENTION_ARCHIVE_DIR = str(tmp_path)
+    now = timezone.now()
+    first = expired()
+    apply_retention(now=now)
+    path = archive_module.archive_file(tmp_path, first.vhost, now.date())
+    whole = path.read_bytes()
+    # A crash halfway through the next append (its batch was never deleted), then a later run.
+    second = expired()
+    apply_retention(now=now)
+    members = path.read_bytes()
+    torn_member = members[len(whole) :][: (len(members) - len(whole)) // 2]
+    third = expired()
+    apply_retention(now=now)
+    after = path.read_bytes()[len(members) :]
+    path.write_bytes(whole + torn_member + after)
+
+    torn = {}
+    rows = list(archive_module.read_archive(path, torn))
+    assert [r["id"] for r in rows] == [first.pk, third.pk] and torn == {"members": 1}
+    path.write_bytes(whole + torn_member)  # cut short at the end
+    torn = {}
+    assert [r["id"] for r in archive_module.read_archive(path, torn)] == [first.pk]
+    assert torn == {"members": 1}
+    assert second.pk not in {r["id"] for r in rows}

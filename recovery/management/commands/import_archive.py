@@ -22,8 +22,9 @@ class Command(BaseCommand):
     def handle(self, *args, files, touch, **options):
         totals = {"imported": 0, "skipped": 0, "renumbered": 0, "origin_cleared": 0}
         for path in files:
+            torn = {}
             try:
-                counts = archive.import_rows(archive.read_archive(path), touch=touch)
+                counts = archive.import_rows(archive.read_archive(path, torn), touch=touch)
             except (OSError, ValueError, EOFError) as exc:
                 # Each chunk is its own transaction: what was imported before stays, and a
                 # re-run skips it.
@@ -34,6 +35,12 @@ class Command(BaseCommand):
                 f"{path}: {counts['imported']} imported, {counts['skipped']} already in the "
                 f"store, {counts['renumbered']} with a new id (theirs is taken), "
                 f"{counts['origin_cleared']} whose origin is not in the store"
+                + (
+                    f"; {torn['members']} member(s) cut short by a crash skipped (their "
+                    "messages were not deleted then: they are in the store or a later member)"
+                    if torn
+                    else ""
+                )
             )
         Activity.objects.create(
             action="import_archive",
