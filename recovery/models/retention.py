@@ -12,6 +12,11 @@ becomes empty; the message id stays in their detail). Each deleted message leave
 row in the message history (recovery.models.history), in the transaction that deletes it, beside
 the rows its replays, discards and restores left there: what was done with it outlives it, for
 HISTORY_DAYS, after which this task deletes the history too.
+
+With RETENTION_ARCHIVE_DIR set, each batch is first written to the archive
+(recovery.models.archive) and fsynced, before its rows are locked; a message changed since it
+was written stays. A batch that cannot be written stops the run: nothing more is deleted, the
+activity row says why, and the ``retention_archive`` alert kind fires until a run archives.
 """
 
 import logging
