@@ -395,6 +395,9 @@ POISON_THRESHOLD = env_int("POISON_THRESHOLD", 3, minimum=1)
 RETENTION_DAYS = env_int("RETENTION_DAYS", 30, minimum=1)
 # What was done to each message (recovery.models.history) outlives the message: kept this long.
 HISTORY_DAYS = env_int("HISTORY_DAYS", 400, minimum=1)
+# Where retention writes what it deletes first (gzip JSON Lines, one file per vhost and day:
+# recovery.models.archive); empty: it deletes without an archive.
+RETENTION_ARCHIVE_DIR = os.environ.get("RETENTION_ARCHIVE_DIR", "")
 # Bulk replay engine (recovery/replay/, bench/replay.py).
 # Publishes awaiting their confirm at once per job, which is also the most messages a crash or a
 # force-closed connection can duplicate (they are resent). Bigger = faster on a slow link.

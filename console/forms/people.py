@@ -26,6 +26,7 @@ class ActivityFilterForm(forms.Form):
         ("job_failed", "job failed"),
         ("job_taken_over", "job taken over"),
         ("retention", "retention"),
+        ("import_archive", "archive imported"),
         ("token_created", "API token created"),
         ("token_revoked", "API token revoked"),
         ("user_created", "user created"),

@@ -28,6 +28,9 @@ and the scope fields each honours:
   counters say it discarded (no DLX), dropped (unroutable) or dead-lettered more than Lazarus
   stored or holds (recovery/broker/tally.py). No sample in the window, or one whose counters
   could not be read, is an error (unknown), not ok. Broker-wide (the counters have no vhost).
+- retention_archive: the last retention run could not write its archive (RETENTION_ARCHIVE_DIR:
+  a full disk, a directory it cannot create): it deleted nothing it could not archive and
+  stopped. Resolves with the next run that archives (recovery/models/retention.py).
 """
 
 import datetime
@@ -50,6 +53,7 @@ from recovery.models import (
     Message,
     MessageTotal,
     ReplayJob,
+    retention,
 )
 
 ITEMS_KEPT = 50
@@ -335,6 +339,15 @@ def broker_tally(rule, now, management):
     )
 
 
+def retention_archive(rule, now, management):
+    failed = retention.last_archive_failure()
+    if failed is None:
+        return Check(False, 0, "retention archives what it deletes (or needs no archive)")
+    error = failed.detail["archive_error"]
+    at = f"{failed.created_at:%Y-%m-%d %H:%M} UTC"
+    return Check(True, 1, f"retention stopped at {at}: {error}"[:500], [error[:500]])
+
+
 CHECKS = {
     "new_failure_group": new_failure_group,
     "open_messages": open_messages,
@@ -347,6 +360,7 @@ CHECKS = {
     "queue_without_consumers": queue_without_consumers,
     "uncovered_queues": uncovered_queues,
     "broker_tally": broker_tally,
+    "retention_archive": retention_archive,
 }
 
 

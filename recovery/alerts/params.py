@@ -88,6 +88,7 @@ PARAMS: dict[str, dict[str, Param]] = {
     "queue_without_consumers": {},
     "uncovered_queues": {},
     "broker_tally": {"threshold": _count(0), "window_minutes": _window(15)},
+    "retention_archive": {},
 }
 
 

@@ -34,6 +34,7 @@ class AlertRule(models.Model):
         QUEUE_WITHOUT_CONSUMERS = "queue_without_consumers", "a recovery queue nobody consumes"
         UNCOVERED_QUEUES = "uncovered_queues", "queues whose dead letters Lazarus cannot see"
         BROKER_TALLY = "broker_tally", "the broker lost or dead-lettered what Lazarus lacks"
+        RETENTION_ARCHIVE = "retention_archive", "retention could not archive what it deletes"
 
     class State(models.TextChoices):
         OK = "ok"

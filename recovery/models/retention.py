@@ -12,6 +12,11 @@ becomes empty; the message id stays in their detail). Each deleted message leave
 row in the message history (recovery.models.history), in the transaction that deletes it, beside
 the rows its replays, discards and restores left there: what was done with it outlives it, for
 HISTORY_DAYS, after which this task deletes the history too.
+
+With RETENTION_ARCHIVE_DIR set, each batch is first written to the archive
+(recovery.models.archive) and fsynced, before its rows are locked; a message changed since it
+was written stays. A batch that cannot be written stops the run: nothing more is deleted, the
+activity row says why, and the ``retention_archive`` alert kind fires until a run archives.
 """
 
 import logging
@@ -21,6 +26,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from recovery.models import archive
 from recovery.models.access import Activity
 from recovery.models.history import HistoryAction, MessageHistory
 from recovery.models.replay import ReplayJobItem
@@ -32,11 +38,43 @@ log = logging.getLogger(__name__)
 BATCH = 2000
 
 
+class ArchiveFailed(Exception):
+    """The batch could not be archived (RETENTION_ARCHIVE_DIR): it was not deleted."""
+
+
 def apply_retention(days=None, now=None, batch=BATCH):
-    """Delete what retention allows; returns {"messages": n, "job_items": n, "history": n,
-    "cutoff": time} (history: message history rows past HISTORY_DAYS)."""
+    """Delete what retention allows; returns {"messages": n, "archived": n, "job_items": n,
+    "history": n, "cutoff": time} (history: message history rows past HISTORY_DAYS), and
+    "archive_error" when the archive could not be written: retention stopped there, an
+    activity row says so and the ``retention_archive`` alert kind fires."""
     days = settings.RETENTION_DAYS if days is None else days
-    cutoff = (now or timezone.now()) - timedelta(days=days)
+    now = now or timezone.now()
+    cutoff = now - timedelta(days=days)
+    result = {"messages": 0, "archived": 0, "job_items": 0, "history": 0}
+    try:
+        _delete_expired_messages(cutoff, days, batch, now, result)
+    except ArchiveFailed as exc:
+        log.exception("retention stopped: %s", exc)
+        result["archive_error"] = str(exc)
+    else:
+        # The per-message rows of jobs that ended before the cutoff (the job keeps its counts).
+        old_items = ReplayJobItem.objects.filter(job__finished_at__lt=cutoff).order_by()
+        while ids := list(old_items.values_list("pk", flat=True)[:batch]):
+            result["job_items"] += ReplayJobItem.objects.filter(pk__in=ids).delete()[0]
+        result["history"] = MessageHistory.expire(now=now)
+    result["cutoff"] = cutoff.isoformat()
+    # Said when something happened, and when the run before could not archive: the activity
+    # log (and the alert reading it) then says it works again.
+    if any(result[k] for k in ("messages", "job_items", "history")) or (
+        "archive_error" in result or last_archive_failure() is not None
+    ):
+        log.info("retention: deleted %s messages changed before %s", result["messages"], cutoff)
+        Activity.objects.create(action="retention", via="system", detail=result)
+    return result
+
+
+def _delete_expired_messages(cutoff, days, batch, now, result):
+    archive_dir = settings.RETENTION_ARCHIVE_DIR
     expired = (
         Message.objects.filter(
             status__in=(Status.REPLAYED, Status.DISCARDED), updated_at__lt=cutoff
@@ -44,46 +82,40 @@ def apply_retention(days=None, now=None, batch=BATCH):
         .exclude(job_items__state=ReplayJobItem.State.CLAIMED)
         .order_by()
     )
-    deleted = 0
     while True:
         ids = list(expired.values_list("pk", flat=True)[:batch])
         if not ids:
             break
+        archived = None
+        if archive_dir:
+            # On disk (fsynced) before the rows are locked: a failure deletes nothing.
+            try:
+                archived = archive.archive_messages(archive_dir, ids, now.date())
+            except OSError as exc:
+                raise ArchiveFailed(f"cannot archive to {archive_dir}: {exc}") from exc
+            result["archived"] += len(archived)
         with transaction.atomic():
-            # Re-checked under the lock: a message restored or replayed meanwhile stays.
-            ids = list(
+            # Re-checked under the lock: a message restored or replayed meanwhile stays, and
+            # one changed since it was archived (every change sets updated_at) stays too.
+            locked = (
                 expired.filter(pk__in=ids)
                 .order_by("pk")  # rows are locked in id order, as job claims lock them
                 .select_for_update(of=("self",))
-                .values_list("pk", flat=True)
+                .values_list("pk", "updated_at")
             )
+            ids = [pk for pk, at in locked if archived is None or archived.get(pk) == at]
             # What was done with them stays (recovery.models.history): a 'deleted' row each.
             MessageHistory.record_messages(
                 ids, HistoryAction.DELETED, via="system", detail=f"retention ({days} days)"
             )
             _total, per_model = Message.objects.filter(pk__in=ids).delete()
-        deleted += per_model.get(Message._meta.label, 0)
-    # The per-message rows of jobs that ended before the cutoff (the job keeps its counts).
-    items = 0
-    old_items = ReplayJobItem.objects.filter(job__finished_at__lt=cutoff).order_by()
-    while ids := list(old_items.values_list("pk", flat=True)[:batch]):
-        items += ReplayJobItem.objects.filter(pk__in=ids).delete()[0]
-    history = MessageHistory.expire(now=now)
-    if deleted or items or history:
-        log.info("retention: deleted %s messages changed before %s", deleted, cutoff)
-        Activity.objects.create(
-            action="retention",
-            via="system",
-            detail={
-                "messages": deleted,
-                "job_items": items,
-                "history": history,
-                "cutoff": cutoff.isoformat(),
-            },
-        )
-    return {
-        "messages": deleted,
-        "job_items": items,
-        "history": history,
-        "cutoff": cutoff.isoformat(),
-    }
+        result["messages"] += per_model.get(Message._meta.label, 0)
+
+
+def last_archive_failure():
+    """The newest retention activity row if that run could not archive, else None (one probe
+    of the activity_action_newest index)."""
+    last = (
+        Activity.objects.filter(action="retention").order_by("-created_at").only("detail").first()
+    )
+    return last if last is not None and "archive_error" in last.detail else None

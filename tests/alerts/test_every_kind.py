@@ -5,6 +5,7 @@ and one notification when the condition is made false again. The broker_alarm ki
 disk alarm, which blocks every publisher: its life is in the disruptive test of test_broker.py."""
 
 import datetime
+import tempfile
 import urllib.parse
 import uuid
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from types import SimpleNamespace
 import pika
 import pytest
 from django.conf import settings
+from django.test import override_settings
 from django.utils import timezone
 
 from recovery.alerts.deliver import deliver_due
@@ -29,6 +31,7 @@ from recovery.models import (
     ReplayJob,
     Status,
 )
+from recovery.models.retention import apply_retention
 from tests.alerts.test_alerts import Receiver, webhook
 from tests.broker.test_tally_and_health import reject_all
 from tests.helpers import make_message, wait_for
@@ -138,6 +141,28 @@ def _clear_tally(ctx):
     tally.record(now=ctx.resolve_at)
 
 
+def _fire_retention_archive(ctx):
+    # A real retention run whose archive directory cannot be created (under a regular file:
+    # even root cannot), over an expired message: it stops, deleting nothing.
+    ctx.expired = make_message(source_queue="kinds.retention", status=Status.REPLAYED)
+    Message.objects.filter(pk=ctx.expired.pk).update(updated_at=ctx.t0 - 400 * 24 * 60 * MINUTE)
+    with (
+        tempfile.NamedTemporaryFile() as blocker,
+        override_settings(RETENTION_ARCHIVE_DIR=f"{blocker.name}/archive"),
+    ):
+        assert "archive_error" in apply_retention()
+    assert Message.objects.filter(pk=ctx.expired.pk).exists()
+
+
+def _clear_retention_archive(ctx):
+    with (
+        tempfile.TemporaryDirectory() as directory,
+        override_settings(RETENTION_ARCHIVE_DIR=directory),
+    ):
+        assert apply_retention()["archived"] == 1
+    assert not Message.objects.filter(pk=ctx.expired.pk).exists()
+
+
 LIVES = {
     "new_failure_group": Life(
         scope=lambda ctx: {"queue": "kinds.groups"},
@@ -184,6 +209,7 @@ LIVES = {
         clear=_clear_tally,
         resolved_after=20 * MINUTE,
     ),
+    "retention_archive": Life(fire=_fire_retention_archive, clear=_clear_retention_archive),
 }
 
 
