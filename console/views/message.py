@@ -1,6 +1,7 @@
 """One message: everything stored about it, and what an operator can do with it."""
 
 import contextlib
+import datetime
 import json
 
 from django.contrib import messages as flash
@@ -77,17 +78,29 @@ def value_type(value):
     return "null" if value is None else "string"
 
 
-def display_rows(table, skip=()):
-    """(name, AMQP type, readable value) for stored headers or properties, sorted by name."""
+def display_rows(table, skip=(), times=()):
+    """(name, AMQP type, readable value) for stored headers or properties, sorted by name;
+    ``times``: integer fields that are POSIX seconds (the AMQP ``timestamp`` property)."""
     rows = []
     for name, value in sorted(table.items()):
         if name in skip:
+            continue
+        if name in times and isinstance(value, int) and not isinstance(value, bool):
+            rows.append((name, "timestamp", _posix_time(value)))
             continue
         shown = header_codec.plain(value)
         if isinstance(shown, dict | list):
             shown = json.dumps(shown, ensure_ascii=False, default=str)
         rows.append((name, value_type(value), "" if shown is None else str(shown)))
     return rows
+
+
+def _posix_time(seconds):
+    try:
+        moment = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
+    except (OverflowError, OSError, ValueError):
+        return f"{seconds} (not a time)"
+    return f"{moment:%Y-%m-%d %H:%M:%S} UTC ({seconds})"
 
 
 def death_timeline(message):
@@ -105,7 +118,7 @@ def _detail_context(message, target_form=None, discard_form=None, error=None):
         "message": message,
         "body": message_body_views(message),
         "headers": display_rows(message.headers, skip=("x-death",)),
-        "properties": display_rows(message.properties),
+        "properties": display_rows(message.properties, times=("timestamp",)),
         "deaths": death_timeline(message),
         "attempts": mark_died_again(
             message, message.attempts.select_related("user", "edit__user")[:50]

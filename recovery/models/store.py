@@ -153,6 +153,14 @@ class Message(models.Model):
         return [header_codec.plain(entry) for entry in self.headers.get("x-death", [])]
 
     @property
+    def counts_attempts(self):
+        """A publish our client library handed over (nacked, unconfirmed, returned to it): its
+        ``death_count`` counts publish attempts, and it never died in a queue."""
+        return self.kind in (Kind.NACKED, Kind.UNCONFIRMED) or (
+            self.kind == Kind.RETURNED and not self.source_queue
+        )
+
+    @property
     def body_bytes(self):
         return bytes(self.body)
 

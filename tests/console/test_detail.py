@@ -143,3 +143,20 @@ def test_the_applications_own_retry_count_is_shown_beside_the_deaths(client, vie
     page = client.get(f"/messages/{counted.pk}/").content.decode()
     assert "the application's own count: 4, header <code>x-retry-count</code>" in page
     assert 'id="app-retries"' not in client.get(f"/messages/{uncounted.pk}/").content.decode()
+
+
+def test_a_client_hand_over_counts_publish_attempts_and_the_timestamp_is_a_time(client, viewer):
+    nacked = make_message(
+        kind="nacked",
+        source_queue="",
+        death_count=3,
+        properties={"timestamp": 1795662245, "message_id": "n-1"},
+    )
+    died = make_message(death_count=2)
+    client.force_login(viewer)
+    page = client.get(f"/messages/{nacked.pk}/").content.decode()
+    assert "<dt>Publish attempts</dt>" in page and "<dt>Deaths</dt>" not in page
+    assert "First / last attempt" in page
+    assert "2026-11-26 03:04:05 UTC (1795662245)" in page
+    page = client.get(f"/messages/{died.pk}/").content.decode()
+    assert "<dt>Deaths</dt>" in page and "Publish attempts" not in page
