@@ -42,12 +42,34 @@
   // "Select all on this page" for the message list's bulk actions.
   document.addEventListener("change", function (event) {
     var box = event.target;
-    if (!box.matches || !box.matches("input[data-select-all]")) return;
-    var form = box.closest("form") || document;
-    form.querySelectorAll('input[type="checkbox"][name="' + box.dataset.selectAll + '"]').forEach(
-      function (other) { other.checked = box.checked; }
-    );
+    if (!box.matches) return;
+    if (box.matches("input[data-select-all]")) {
+      var form = box.closest("form") || document;
+      form.querySelectorAll('input[type="checkbox"][name="' + box.dataset.selectAll + '"]').forEach(
+        function (other) { other.checked = box.checked; }
+      );
+    }
+    if (box.matches('input[type="checkbox"]')) updateSelection(document);
   });
+
+  // Bulk buttons stay disabled until something is selected, and the bar says how many (without
+  // JavaScript they are enabled, and the server refuses an empty selection).
+  function updateSelection(root) {
+    root.querySelectorAll("[data-needs-selection]").forEach(function (button) {
+      var form = button.closest("form") || document;
+      var name = button.dataset.needsSelection;
+      var n = form.querySelectorAll('input[type="checkbox"][name="' + name + '"]:checked').length;
+      button.disabled = n === 0;
+      button.title = n === 0 ? "Select messages first" : "";
+    });
+    root.querySelectorAll("[data-count-of]").forEach(function (counter) {
+      var form = counter.closest("form") || document;
+      var name = counter.dataset.countOf;
+      counter.textContent = String(
+        form.querySelectorAll('input[type="checkbox"][name="' + name + '"]:checked').length
+      );
+    });
+  }
 
   // Destructive buttons ask first (without JavaScript they simply submit).
   document.addEventListener("click", function (event) {
@@ -55,6 +77,12 @@
     if (button && !window.confirm(button.dataset.confirm)) event.preventDefault();
   }, true);
 
-  document.addEventListener("DOMContentLoaded", function () { renderCharts(document); });
-  document.addEventListener("htmx:load", function (event) { renderCharts(event.target); });
+  document.addEventListener("DOMContentLoaded", function () {
+    renderCharts(document);
+    updateSelection(document);
+  });
+  document.addEventListener("htmx:load", function (event) {
+    renderCharts(event.target);
+    updateSelection(document);
+  });
 })();

@@ -5,6 +5,7 @@ import re
 import pytest
 from playwright.sync_api import expect
 
+from recovery.models import Message
 from tests.helpers import make_message
 from tests.test_dead_letter_path import declare_app_queue, publish, receive, reject_all, stored
 
@@ -112,4 +113,29 @@ def test_an_operator_discards_everything_a_filter_matches(tab, operator):
     expect(tab.page.locator("#message-table .status-discarded")).to_have_count(3)
     tab.goto("/messages/?queue=orders")
     expect(tab.page.locator("#message-table .status-pending")).to_have_count(1)
+    assert tab.errors == [], tab.errors
+
+
+def test_bulk_actions_wait_for_a_selection(tab, operator):
+    for n in range(3):
+        make_message(message_id=f"bulk-{n}")
+    tab.login("otto")
+    tab.goto("/messages/")
+    replay, discard, job = (
+        tab.page.locator(f"#bulk-{name}") for name in ("replay", "discard", "job")
+    )
+    count = tab.page.locator("#selected-count")
+    for button in (replay, discard, job):
+        expect(button).to_be_disabled()
+    expect(count).to_have_text("0")
+    pk = Message.objects.get(message_id="bulk-1").pk
+    tab.page.check(f'input[aria-label="Select message {pk}"]')
+    expect(count).to_have_text("1")
+    for button in (replay, discard, job):
+        expect(button).to_be_enabled()
+    tab.page.check('input[data-select-all="ids"]')
+    expect(count).to_have_text("3")
+    tab.page.uncheck('input[data-select-all="ids"]')
+    expect(count).to_have_text("0")
+    expect(replay).to_be_disabled()
     assert tab.errors == [], tab.errors
