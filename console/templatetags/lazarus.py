@@ -31,3 +31,21 @@ def pretty_json(value):
     import json
 
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+
+
+@register.filter
+def duration(seconds):
+    """Seconds as a person reads them: "45 s", "35 min", "2 h 5 min", "3 d 4 h"."""
+    if seconds is None or seconds == "":
+        return "–"
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, _ = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h" if hours else f"{days} d"

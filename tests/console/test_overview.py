@@ -130,3 +130,29 @@ def test_the_live_fragment_shows_each_quorum_queues_delivery_limit(client, viewe
 
 def _row(html, name):
     return next(row for row in html.split("<tr>") if f">{name}</" in row)
+
+
+def test_rates_and_uptimes_are_formatted_for_people(client, viewer, wired, settings):
+    from console.templatetags.lazarus import duration
+    from recovery.models import CollectorHeartbeat
+
+    assert [duration(s) for s in (None, 45, 2112, 7500, 3 * 86400 + 4 * 3600)] == [
+        "–",
+        "45 s",
+        "35 min",
+        "2 h 5 min",
+        "3 d 4 h",
+    ]
+    CollectorHeartbeat.objects.create(
+        worker="host:1",
+        vhost=wired,
+        queue=settings.RECOVERY_DEAD_LETTER_QUEUE,
+        rate=0.7630570986139744,
+    )
+    client.force_login(viewer)
+    html = client.get("/overview/live", HTTP_HX_REQUEST="true").content.decode()
+    assert "<td>0.8</td>" in html and "0.763" not in html
+    page = client.get("/broker/?refresh=1").content.decode()
+    uptime = re.search(r'<td title="(\d+) s">([^<]+)</td>', page)
+    assert uptime, "the node's uptime"
+    assert uptime.group(2) == duration(int(uptime.group(1)))
