@@ -213,6 +213,15 @@ def test_counters_that_cannot_be_read_are_unknown_not_zero(client, api, viewer, 
 def test_the_broker_page_shows_nodes_and_recovery_queues_and_says_when_it_cannot_see(
     client, viewer, settings
 ):
+    # A queue declared a moment ago has no statistics yet (the management API leaves its
+    # consumers out for a stats interval, and the page rightly says "unknown"): wait for them.
+    wait_for(
+        lambda: all(
+            "consumers" in q for q in Management().queues(settings.RECOVERY_VHOSTS[0]) or [{}]
+        ),
+        timeout=20,
+        message="the recovery queues' statistics",
+    )
     client.force_login(viewer)
     cache.clear()
     page = client.get("/broker/").content.decode()
