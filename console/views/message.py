@@ -7,7 +7,7 @@ import json
 from django.contrib import messages as flash
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
-from django.http import HttpResponse
+from django.http import HttpResponse, QueryDict
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
@@ -138,7 +138,11 @@ def _detail_context(message, target_form=None, discard_form=None, error=None):
 @require_GET
 def message_detail(request, pk):
     message = get_object_or_404(Message, pk=pk)
-    return render(request, "messages/detail.html", _detail_context(message))
+    context = _detail_context(message)
+    # The list it came from (filters, page): parsed and encoded again, so it can only ever be a
+    # query string for the message list.
+    context["back"] = QueryDict(request.GET.get("back", "")).urlencode()
+    return render(request, "messages/detail.html", context)
 
 
 def _status_response(request, message, error=None, status=200, target_form=None, notice=None):

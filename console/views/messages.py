@@ -80,6 +80,8 @@ def message_list(request):
         "next_before": next_before,
         "query": query,
         "job_query": filter_query,
+        # The detail page's "← Messages" comes back to this list, filter and page included.
+        "back_suffix": "?" + urlencode({"back": query}) if query else "",
         "filtered": form.is_valid() and names_a_filter(form.cleaned_data),
         "paged": bool(request.GET.get("before")),
         "min_substring": MIN_SUBSTRING_LENGTH,

@@ -1,6 +1,8 @@
 """The message list: filters through the shared form, keyset pages, htmx fragments."""
 
 import datetime
+import html
+import re
 
 import pytest
 from django.utils import timezone
@@ -106,3 +108,17 @@ def test_it_links_a_job_for_everything_matching_the_filter(client, operator):
     client.force_login(operator)
     html = client.get("/messages/", {"queue": "orders", "status": "pending"}).content.decode()
     assert 'href="/jobs/new?queue=orders&amp;status=pending"' in html
+
+
+def test_back_to_the_list_keeps_its_filter_and_page(client, viewer):
+    target = make_message(source_queue="app.back", reason="expired")
+    client.force_login(viewer)
+    page = client.get("/messages/", {"queue": "app.back", "reason": "expired"}).content.decode()
+    link = re.search(rf'href="(/messages/{target.pk}/\?back=[^"]+)"', page).group(1)
+    detail = client.get(html.unescape(link)).content.decode()
+    back = re.search(r'href="([^"]*)" id="back-to-list"', detail)
+    assert back and html.unescape(back.group(1)) == "/messages/?queue=app.back&reason=expired"
+    hostile = client.get(
+        f"/messages/{target.pk}/", {"back": '"><script>x</script>&next=//evil'}
+    ).content.decode()
+    assert "<script>x" not in hostile and 'href="//evil' not in hostile
