@@ -1,9 +1,12 @@
 """Failure groups: messages that failed the same way (queue + reason + exception fingerprint)."""
 
+import datetime
+
 from django import forms
 from django.contrib.auth.decorators import login_required
 from django.db.models import Max, Q
 from django.shortcuts import render
+from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from console.access import viewer_required
@@ -11,6 +14,7 @@ from recovery.models import Kind, MessageTotal, Reason, group_details
 from recovery.search.groups import group_counts
 
 PAGE_SIZE = 100
+NEW_GROUP_AGE = datetime.timedelta(hours=1)
 
 
 class GroupFilterForm(forms.Form):
@@ -75,6 +79,8 @@ def group_list(request):
     ctx = {
         "form": form,
         "groups": groups,
+        # A group first seen this recently is marked "new".
+        "new_since": timezone.now() - NEW_GROUP_AGE,
         "page": page,
         "has_more": has_more,
         "query": query.urlencode(),

@@ -200,6 +200,11 @@ def _first_header(headers, names):
     return ""
 
 
+def exception_type(headers):
+    """The exception type a consumer framework named in these headers ('' if none)."""
+    return _first_header(headers, EXCEPTION_TYPE_HEADERS)
+
+
 def failure_group(where, reason, headers):
     """(key, label) grouping messages that failed the same way: where, reason, exception."""
     exc_type = _first_header(headers, EXCEPTION_TYPE_HEADERS)

@@ -3,10 +3,14 @@ written by triggers in the same statements that insert, change or delete message
 beat task; and the queries over them (the overview, the failure groups, /metrics)."""
 
 import datetime
+import json
 
 from django.db import connection, models
 from django.db.models import Sum
 from django.utils import timezone
+
+from recovery.client import headers as header_codec
+from recovery.collector.rows import exception_type
 
 
 def fold_deltas(cur, table, key, carried=None):
@@ -314,15 +318,43 @@ def group_details(keys):
             SELECT g.key, newest.group_label, newest.kind, newest.reason, newest.source_queue,
                    newest.source_exchange, newest.collected_at,
                    (SELECT m.collected_at FROM recovery_message m WHERE m.group_key = g.key
-                    ORDER BY m.collected_at, m.id LIMIT 1)
+                    ORDER BY m.collected_at, m.id LIMIT 1),
+                   newest.headers, newest.sample
             FROM unnest(%s::text[]) AS g(key)
             CROSS JOIN LATERAL (
-                SELECT group_label, kind, reason, source_queue, source_exchange, collected_at
+                SELECT group_label, kind, reason, source_queue, source_exchange, collected_at,
+                       headers, substring(body from 1 for %s) AS sample
                 FROM recovery_message m WHERE m.group_key = g.key
                 ORDER BY m.collected_at DESC, m.id DESC LIMIT 1
             ) AS newest
             """,
-            [list(keys)],
+            [list(keys), SAMPLE_BYTES],
         )
         columns = ["key", "label", "kind", "reason", "queue", "exchange", "last", "first"]
-        return {row[0]: dict(zip(columns, row, strict=True)) for row in cur.fetchall()}
+        details = {}
+        for row in cur.fetchall():
+            detail = dict(zip(columns, row[:8], strict=True))
+            # A raw cursor gives jsonb as its text (Django decodes it in the field, not here).
+            headers = json.loads(row[8]) if isinstance(row[8], str) else row[8] or {}
+            sample = bytes(row[9] or b"")
+            detail["exception"] = exception_type(header_codec.headers_from_json(headers))
+            detail["sample"] = sample_line(sample)
+            details[row[0]] = detail
+        return details
+
+
+# How much of a group's newest body its sample line is read from.
+SAMPLE_BYTES = 400
+
+
+def sample_line(body):
+    """The first line of a body, as an operator skims a list: text up to 120 characters, or
+    what it is when it is not text."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(body) - 4:  # not just a character cut at SAMPLE_BYTES
+            return f"(binary, starts {body[:8].hex(' ')})"
+        text = body[: exc.start].decode("utf-8")
+    line = text.strip().split("\n", 1)[0].strip()
+    return line[:120] + ("…" if len(line) > 120 else "")

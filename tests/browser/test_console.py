@@ -74,7 +74,9 @@ def test_it_opens_a_real_dead_letter_and_replays_it(tab, operator, collector, am
     tab.login("otto")
     tab.goto("/messages/?q=br-1")
     tab.page.click("text=br-1")
-    expect(tab.page).to_have_url(re.compile(rf"/messages/{message.pk}/$"))
+    # The detail page knows the list it came from, and "← Messages" goes back to it.
+    expect(tab.page).to_have_url(re.compile(rf"/messages/{message.pk}/\?back=q%3Dbr-1$"))
+    expect(tab.page.locator("#back-to-list")).to_have_attribute("href", "/messages/?q=br-1")
     expect(tab.page.locator("#message-status")).to_have_text("pending")
     expect(tab.page.locator("#body-json")).to_contain_text('"hello": "browser"')
     expect(tab.page.locator("#headers")).to_contain_text("acme")

@@ -52,3 +52,31 @@ def test_a_group_whose_messages_are_gone_is_not_listed(client, viewer):
     Message.objects.filter(pk=message.pk).delete()
     client.force_login(viewer)
     assert client.get("/groups/").context["groups"] == []
+
+
+def test_each_group_shows_its_exception_a_sample_line_and_whether_it_is_new(client, viewer):
+    now = timezone.now()
+    make_message(
+        source_queue="orders",
+        group_key="g-new",
+        group_label="orders · rejected · TimeoutError",
+        headers={"x-exception-type": "TimeoutError"},
+        body=b'{"order": 77, "sku": "A-1"}\nsecond line, not shown',
+        collected_at=now - datetime.timedelta(minutes=10),
+    )
+    make_message(
+        source_queue="billing",
+        group_key="g-old",
+        group_label="billing · expired",
+        body=b"\x00\xff\xfe\x01 binary",
+        collected_at=now - datetime.timedelta(days=2),
+    )
+    client.force_login(viewer)
+    html = client.get("/groups/").content.decode()
+    new_row = html[html.index("orders · rejected · TimeoutError") :].split("</tr>")[0]
+    old_row = html[html.index("billing · expired") :].split("</tr>")[0]
+    assert ">new</span>" in new_row and ">new</span>" not in old_row
+    assert ">TimeoutError<" in new_row
+    assert "{&quot;order&quot;: 77, &quot;sku&quot;: &quot;A-1&quot;}" in new_row
+    assert "second line" not in new_row
+    assert "(binary, starts 00 ff fe 01 20 62 69 6e)" in old_row
