@@ -77,7 +77,38 @@
     if (button && !window.confirm(button.dataset.confirm)) event.preventDefault();
   }, true);
 
+  // On a phone the navigation and the filters start closed (they are open without JavaScript).
+  function collapseOnPhones() {
+    if (!window.matchMedia("(max-width: 600px)").matches) return;
+    document.querySelectorAll("details.collapsible[open]").forEach(function (d) {
+      d.removeAttribute("open");
+    });
+  }
+
+  // j / k: the next / previous row of a list (its first link, the row's one tab stop); Enter
+  // opens it. Not while typing in a field.
+  document.addEventListener("keydown", function (event) {
+    if (event.key !== "j" && event.key !== "k") return;
+    if (event.ctrlKey || event.metaKey || event.altKey) return;
+    var target = event.target;
+    if (target.closest && target.closest("input, textarea, select, [contenteditable]")) return;
+    var links = Array.prototype.slice.call(document.querySelectorAll("a[data-row-link]"));
+    if (!links.length) return;
+    var at = links.indexOf(document.activeElement);
+    var next = event.key === "j" ? Math.min(at + 1, links.length - 1) : Math.max(at - 1, 0);
+    if (at === -1) next = 0;
+    document.querySelectorAll("tr.row-focus").forEach(function (tr) { tr.classList.remove("row-focus"); });
+    links[next].focus();
+    var row = links[next].closest("tr");
+    if (row) {
+      row.classList.add("row-focus");
+      row.scrollIntoView({ block: "nearest" });
+    }
+    event.preventDefault();
+  });
+
   document.addEventListener("DOMContentLoaded", function () {
+    collapseOnPhones();
     renderCharts(document);
     updateSelection(document);
   });
