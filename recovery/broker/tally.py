@@ -281,14 +281,34 @@ def state(now=None):
     now = now or timezone.now()
     newest = BrokerTally.objects.order_by("-taken_at").first()
     stale_after = datetime.timedelta(seconds=3 * settings.BROKER_TALLY_SECONDS)
-    _, hour = window(60, now)
+    rows, hour = window(60, now)
     return {
         "newest": newest,
         "stale": newest is None or now - newest.taken_at > stale_after,
         "unreadable": bool(newest and newest.error),
         "hour": hour,
         "lost_hour": hour["discarded"] + hour["unroutable_dropped"],
+        "hour_by_reason": by_reason_since(rows),
     }
+
+
+def by_reason_since(rows):
+    """The readable samples' by_reason summed: {reason: {broker, discarded, stored, unstored}},
+    ``unstored`` = dead-lettered by the broker and not stored (waiting in the recovery queues, or
+    gone); biggest first."""
+    sums = {}
+    for row in rows:
+        if row.error:
+            continue
+        for reason, counts in (row.by_reason or {}).items():
+            total = sums.setdefault(reason, {"broker": 0, "discarded": 0, "stored": 0})
+            for name in total:
+                total[name] += counts.get(name, 0)
+    for total in sums.values():
+        total["unstored"] = total["broker"] - total["stored"]
+    return dict(
+        sorted(sums.items(), key=lambda item: -(item[1]["unstored"] + item[1]["discarded"]))
+    )
 
 
 def window(minutes, now=None):

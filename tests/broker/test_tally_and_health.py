@@ -150,6 +150,13 @@ def test_the_tally_matches_what_lazarus_stored_and_counts_what_the_broker_threw_
         client.force_login(viewer)
         page = client.get("/broker/").content.decode()
         assert 'id="tally-loss"' in page and "the broker discarded 6" in page
+        # Not a green "no alarm" beside a loss; where they went, and where to look.
+        assert 'id="broker-state">no alarm, but losing messages<' in page
+        reasons = page[page.index('id="tally-by-reason"') :].split("</table>")[0]
+        assert "<td>rejected</td><td>40</td><td>40</td><td>0</td><td><strong>6</strong></td>" in (
+            reasons
+        )
+        assert 'id="tally-uncovered-link"' in page
         body = api.as_user(viewer).get("/api/v1/broker").json()
         assert body["tally"]["last_hour"]["discarded"] == 6
         assert body["tally"]["last_hour"]["unroutable_dropped"] == 3
