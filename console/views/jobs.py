@@ -4,14 +4,15 @@ from django.conf import settings
 from django.contrib import messages as flash
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import QueryDict
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from console.access import operator_required, viewer_required
-from console.forms.replay import JobForm, add_engine_errors
+from console.forms.replay import MAX_BULK_IDS, JobForm, add_engine_errors
 from console.views.paging import newest_first_page, query_without
 from recovery.errors import ReplayError
-from recovery.models import Message, ReplayJob, Role, has_role
+from recovery.models import Message, ReplayJob, ReplayJobItem, Role, has_role
 from recovery.replay.jobs import create_job, describe_target, dry_run
 from recovery.replay.safety import job_breaker
 
@@ -81,7 +82,9 @@ def job_new(request):
     else:
         form = JobForm(request.GET or None)
         preview = None
-        if request.GET.get("preview") and form.is_valid():
+        # A page opened with a selection (a group's "Replay group…", the list's "New job…", a
+        # cancelled job's "Replay the rest…") shows what it would send before "Start job".
+        if (request.GET.get("preview") or _names_selection(request.GET)) and form.is_valid():
             try:
                 preview = dry_run(**form.selection(), **form.options())
             except ValidationError as exc:
@@ -101,6 +104,27 @@ def job_new(request):
     if request.htmx and request.htmx.target == "preview":
         template += "#preview"
     return render(request, template, ctx)
+
+
+def _names_selection(query):
+    return any(query.get(name) for name in ("ids", "group", *JobForm.FILTER_FIELDS))
+
+
+def rest_query(job):
+    """The new-job query that selects what a cancelled job did not send: its unsent items for a
+    job of chosen messages, else its own group or filter (what it sent is no longer pending)."""
+    query = QueryDict(mutable=True)
+    if job.message_ids:
+        unsent = job.items.filter(state=ReplayJobItem.State.PENDING).values_list(
+            "message_id", flat=True
+        )
+        query["ids"] = ",".join(str(pk) for pk in unsent[:MAX_BULK_IDS])
+    elif job.group_key:
+        query["group"] = job.group_key
+    else:
+        for name, value in (job.filters or {}).items():
+            query[name] = value
+    return query.urlencode()
 
 
 def latest_attempts(job):
@@ -124,6 +148,9 @@ def job_detail(request, pk):
         "attempts": latest_attempts(job),
         "died_again": job.died_again(),
         "breaker": job_breaker(job, settings.REPLAY_BREAKER_MIN_SAMPLE),
+        "eta": job.eta_seconds(),
+        "canary_wait_left": job.canary_wait_left(),
+        "rest_query": rest_query(job) if job.state == ReplayJob.State.CANCELLED else "",
     }
     template = "jobs/detail.html"
     if request.htmx and request.htmx.target == "job-progress":
@@ -147,6 +174,9 @@ def _job_action(request, pk, method_name, done_message):
             "attempts": latest_attempts(job),
             "died_again": job.died_again(),
             "breaker": job_breaker(job, settings.REPLAY_BREAKER_MIN_SAMPLE),
+            "eta": job.eta_seconds(),
+            "canary_wait_left": job.canary_wait_left(),
+            "rest_query": rest_query(job) if job.state == ReplayJob.State.CANCELLED else "",
         }
         return render(request, "jobs/detail.html#job-progress", ctx, status=409 if error else 200)
     if error:

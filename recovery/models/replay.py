@@ -192,6 +192,44 @@ class ReplayJob(models.Model):
             "percent": round(100.0 * finished / self.total, 1) if self.total else 0.0,
         }
 
+    def eta_seconds(self, now=None):
+        """Seconds until the last message is sent, or None when unknown: at the job's rate if it
+        has one, else at the pace it has kept since it started (after a canary pause, that pace
+        is slower than the next messages will go: an upper bound)."""
+        now = now or timezone.now()
+        left = self.progress["remaining"]
+        if not left or self.state != self.State.RUNNING or self.started_at is None:
+            return None
+        if self.rate:
+            return left / self.rate
+        done = self.total - left
+        elapsed = (now - self.started_at).total_seconds()
+        return left * elapsed / done if done and elapsed > 0 else None
+
+    def canary_wait_left(self, now=None):
+        """Seconds left in the canary's pause (its messages sent, not yet judged), else None."""
+        if not self.canary_size or self.canary_sent_at is None or self.canary_passed_at:
+            return None
+        if self.state != self.State.RUNNING:
+            return None
+        now = now or timezone.now()
+        left = self.canary_pause_seconds - (now - self.canary_sent_at).total_seconds()
+        return max(left, 0.0)
+
+    @property
+    def group_label(self):
+        """The failure group's label for a job by group (the key is a hash nobody reads)."""
+        if not self.group_key:
+            return ""
+        if not hasattr(self, "_group_label"):
+            self._group_label = (
+                Message.objects.filter(group_key=self.group_key)
+                .values_list("group_label", flat=True)
+                .first()
+                or ""
+            )
+        return self._group_label
+
     def died_again_copies(self):
         """The copies collected after this job's confirmed replays were dead-lettered again.
 
