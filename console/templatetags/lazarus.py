@@ -1,4 +1,5 @@
 from django import template
+from django.utils.html import format_html
 
 register = template.Library()
 
@@ -49,3 +50,29 @@ def duration(seconds):
         return f"{hours} h {minutes} min" if minutes else f"{hours} h"
     days, hours = divmod(hours, 24)
     return f"{days} d {hours} h" if hours else f"{days} d"
+
+
+@register.filter
+def sparkline(values, size="120x24"):
+    """An inline SVG line of ``values`` (no script, no style attribute: the CSP allows it)."""
+    width, height = (int(x) for x in size.split("x"))
+    values = list(values or [])
+    if len(values) < 2:
+        return ""
+    top = max(max(values), 1)
+    step = width / (len(values) - 1)
+    points = " ".join(
+        f"{i * step:.1f},{height - 2 - (v / top) * (height - 4):.1f}" for i, v in enumerate(values)
+    )
+    label = ", ".join(str(v) for v in values)
+    return format_html(
+        '<svg class="spark" width="{}" height="{}" viewBox="0 0 {} {}" role="img" '
+        'aria-label="per hour: {}"><polyline fill="none" stroke="currentColor" stroke-width="1.5" '
+        'points="{}"/></svg>',
+        width,
+        height,
+        width,
+        height,
+        label,
+        points,
+    )

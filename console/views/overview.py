@@ -16,6 +16,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from console.access import viewer_required
+from recovery.broker import tally
 from recovery.broker.coverage import (
     UNLIMITED,
     effective_delivery_limit,
@@ -25,7 +26,16 @@ from recovery.broker.management import Management
 from recovery.broker.topology import DLX_POLICY, Names, broker_version
 from recovery.collector.health import collector_health
 from recovery.errors import ManagementError
-from recovery.models import OPEN, Activity, Kind, hourly_sums, rollup_sums
+from recovery.models import (
+    OPEN,
+    Activity,
+    AlertRule,
+    Kind,
+    changing_groups,
+    collected_since,
+    hourly_sums,
+    rollup_sums,
+)
 
 TOP_SOURCES = 15
 MANAGEMENT_TIMEOUT_SECONDS = 3
@@ -104,6 +114,33 @@ def trend(now, buckets, bucket_hours, hourly=None):
     }
 
 
+def what_changed(now):
+    """The first panel: what an operator woken at 3 a.m. asks first, from the database only (the
+    broker-facing half is the live fragment): new and busiest failure groups with their hourly
+    sparklines, messages collected in the last 15 and 60 minutes, the alert rules firing or
+    unable to check, and the broker tally's last hour and backlog (unknown when not sampled)."""
+    new, busiest = changing_groups(now)
+    state = tally.state(now)
+    last15, capped15 = collected_since(now - datetime.timedelta(minutes=15))
+    last60, capped60 = collected_since(now - datetime.timedelta(minutes=60))
+    return {
+        "new_groups": new,
+        "busiest_groups": busiest,
+        "last15": last15,
+        "capped15": capped15,
+        "last60": last60,
+        "capped60": capped60,
+        "per_minute": round(last15 / 15, 1),
+        "alerts": list(
+            AlertRule.objects.filter(state__in=[AlertRule.State.FIRING, AlertRule.State.UNKNOWN])
+            .order_by("state", "name")
+            .only("id", "name", "state", "last_summary", "last_error")[:10]
+        ),
+        "tally": state,
+        "tally_known": not (state["stale"] or state["unreadable"]),
+    }
+
+
 @login_required
 @viewer_required
 @require_GET
@@ -112,6 +149,7 @@ def overview(request):
     totals, hourly = rollup_sums()
     ctx = {
         **store_counts(totals),
+        "changed": what_changed(now),
         "trend_24h": trend(now, 24, 1, hourly),
         "trend_7d": trend(now, 7, 24, hourly),
         "activity": Activity.objects.select_related("user").order_by("-created_at", "-id")[:12],

@@ -42,6 +42,8 @@ from recovery.models.counts import (
     REBUILD_COUNTS_SQL,
     MessageCount,
     MessageTotal,
+    changing_groups,
+    collected_since,
     group_details,
     hourly_sums,
     rollup_sums,
@@ -72,6 +74,8 @@ from recovery.models.store import (
 )
 
 __all__ = [
+    "changing_groups",
+    "collected_since",
     "BrokerTally",
     "DecoderRule",
     "COUNT_KEY_SQL",

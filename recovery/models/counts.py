@@ -358,3 +358,77 @@ def sample_line(body):
         text = body[: exc.start].decode("utf-8")
     line = text.strip().split("\n", 1)[0].strip()
     return line[:120] + ("…" if len(line) > 120 else "")
+
+
+# ---- "what changed": the overview's first panel ----
+
+# Messages counted exactly for the last 15 / 60 minutes up to this many; above it "more than".
+RECENT_COUNT_CAP = 100_000
+SPARK_HOURS = 12
+
+
+def collected_since(since, messages=None):
+    """Messages collected since ``since`` (newest-first index), counted up to RECENT_COUNT_CAP:
+    (count, capped)."""
+    from recovery.models.store import Message
+
+    queryset = (messages if messages is not None else Message.objects).filter(
+        collected_at__gte=since
+    )
+    n = queryset.order_by()[: RECENT_COUNT_CAP + 1].count()
+    return min(n, RECENT_COUNT_CAP), n > RECENT_COUNT_CAP
+
+
+def changing_groups(now, counts=None, totals=None, limit=5):
+    """(new, busiest): failure groups first seen in the last hour, and the groups with the most
+    messages collected this hour and the last (this hour's pace above the last hour's is
+    "growing"); each {key, label, spark: messages per hour over SPARK_HOURS, this_hour,
+    last_hour, growing}. ``counts``/``totals``: MessageCount / MessageTotal querysets (a caller
+    may narrow them)."""
+    counts = counts if counts is not None else MessageCount.objects
+    totals = totals if totals is not None else MessageTotal.objects
+    current = now.replace(minute=0, second=0, microsecond=0)
+    start = current - datetime.timedelta(hours=SPARK_HOURS - 1)
+    sparks = {}
+    rows = (
+        counts.filter(hour__gte=start)
+        .values("group_key", "hour")
+        .annotate(total=Sum("n"))
+        .order_by()
+    )
+    for row in rows:
+        index = int((row["hour"] - start).total_seconds() // 3600)
+        if 0 <= index < SPARK_HOURS:
+            sparks.setdefault(row["group_key"], [0] * SPARK_HOURS)[index] += row["total"]
+    new_keys = list(
+        totals.values("group_key")
+        .annotate(first=models.Min("first_at"), total=Sum("n"))
+        .filter(first__gte=now - datetime.timedelta(hours=1), total__gt=0)
+        .order_by("-first")
+        .values_list("group_key", flat=True)[:limit]
+    )
+    elapsed = max((now - current).total_seconds(), 60.0) / 3600
+
+    def item(key):
+        spark = sparks.get(key, [0] * SPARK_HOURS)
+        this_hour, last_hour = spark[-1], spark[-2]
+        return {
+            "key": key,
+            "spark": spark,
+            "this_hour": this_hour,
+            "last_hour": last_hour,
+            "growing": this_hour / elapsed > last_hour,
+        }
+
+    busiest = sorted(
+        (k for k, s in sparks.items() if s[-1] or s[-2]),
+        key=lambda k: (-(sparks[k][-1] + sparks[k][-2]), k),
+    )[:limit]
+    details = group_details([*new_keys, *busiest])
+    new = [
+        {**item(k), "label": details[k]["label"], "first": details[k]["first"]}
+        for k in new_keys
+        if k in details
+    ]
+    busy = [{**item(k), "label": details[k]["label"]} for k in busiest if k in details]
+    return new, busy

@@ -156,3 +156,38 @@ def test_rates_and_uptimes_are_formatted_for_people(client, viewer, wired, setti
     uptime = re.search(r'<td title="(\d+) s">([^<]+)</td>', page)
     assert uptime, "the node's uptime"
     assert uptime.group(2) == duration(int(uptime.group(1)))
+
+
+def test_what_changed_names_new_and_busy_groups_the_recent_rate_alerts_and_the_broker(
+    client, viewer, time_machine
+):
+    from recovery.models import AlertRule
+
+    time_machine.move_to("2026-11-26 03:40:00+00:00", tick=False)
+    now = timezone.now()
+    for minutes in (5, 10, 20, 30):  # a group new this hour, growing
+        make_message(
+            group_key="g-new",
+            group_label="payments · rejected · CardDeclined",
+            collected_at=now - datetime.timedelta(minutes=minutes),
+        )
+    for hours in (1, 2, 3, 1):  # an older group, quiet this hour
+        make_message(
+            group_key="g-old",
+            group_label="orders · expired",
+            collected_at=now - datetime.timedelta(hours=hours, minutes=1),
+        )
+    AlertRule.objects.create(name="open payments", kind="open_messages", state="firing")
+    client.force_login(viewer)
+    html = client.get("/").content.decode()
+    panel = html[html.index('id="what-changed"') : html.index('<div class="cards">')]
+    new = panel[panel.index('id="new-groups"') :].split("</table>")[0]
+    busy = panel[panel.index('id="busy-groups"') :].split("</table>")[0]
+    assert "payments · rejected · CardDeclined" in new and "orders · expired" not in new
+    assert "<svg" in new  # its sparkline
+    assert 'CardDeclined</a> <span class="badge bad">growing</span>' in busy
+    assert "orders · expired</a></td>" in busy  # busy last hour, not growing
+    assert "<strong>2</strong> collected in the last 15 min" in panel
+    assert "<strong>4</strong> in the last hour" in panel
+    assert "open payments: firing" in panel
+    assert "broker losses unknown" in panel  # no tally sample: unknown, not "nothing lost"
