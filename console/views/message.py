@@ -14,7 +14,14 @@ from console.access import operator_required, viewer_required
 from console.forms.replay import DiscardForm, EditReplayForm, TargetForm, add_engine_errors
 from recovery.client import headers as header_codec
 from recovery.errors import BrokerUnavailable, ReplayError
-from recovery.models import Message, attach_died_again, mark_died_again
+from recovery.models import (
+    Message,
+    Role,
+    attach_died_again,
+    mark_died_again,
+    scope_of,
+    team_scoped,
+)
 from recovery.replay import (
     STRIPPED_HEADERS,
     discard_message,
@@ -104,11 +111,12 @@ def _detail_context(message, target_form=None, discard_form=None, error=None):
     }
 
 
+@team_scoped
 @login_required
 @viewer_required
 @require_GET
 def message_detail(request, pk):
-    message = get_object_or_404(Message, pk=pk)
+    message = get_object_or_404(scope_of(request).messages(), pk=pk)
     return render(request, "messages/detail.html", _detail_context(message))
 
 
@@ -135,12 +143,13 @@ def _error_text(exc):
     return str(exc)
 
 
+@team_scoped
 @login_required
 @operator_required
 @require_POST
 def message_replay(request, pk):
     """One-click replay, to the default target or the one chosen in the target form."""
-    message = get_object_or_404(Message, pk=pk)
+    message = get_object_or_404(scope_of(request).messages(minimum=Role.OPERATOR), pk=pk)
     form = TargetForm(request.POST)
     if not form.is_valid():
         error = " ".join(" ".join(e) for e in form.errors.values())
@@ -168,11 +177,12 @@ def _call_or_error(function, *args, **kwargs):
     return None
 
 
+@team_scoped
 @login_required
 @operator_required
 @require_POST
 def message_discard(request, pk):
-    message = get_object_or_404(Message, pk=pk)
+    message = get_object_or_404(scope_of(request).messages(minimum=Role.OPERATOR), pk=pk)
     form = DiscardForm(request.POST)
     form.is_valid()
     reason = form.cleaned_data.get("reason", "")
@@ -180,11 +190,12 @@ def message_discard(request, pk):
     return _status_response(request, message, error, 409 if error else 200)
 
 
+@team_scoped
 @login_required
 @operator_required
 @require_POST
 def message_restore(request, pk):
-    message = get_object_or_404(Message, pk=pk)
+    message = get_object_or_404(scope_of(request).messages(minimum=Role.OPERATOR), pk=pk)
     error = _call_or_error(restore_message, message, request.user, "console")
     return _status_response(request, message, error, 409 if error else 200)
 
@@ -195,12 +206,13 @@ def editable_headers(message):
     return json.dumps(shown, indent=2, ensure_ascii=False, sort_keys=True)
 
 
+@team_scoped
 @login_required
 @operator_required
 @require_http_methods(["GET", "POST"])
 def message_edit(request, pk):
     """Edit headers/body/target and replay once; the stored original is never changed."""
-    message = get_object_or_404(Message, pk=pk)
+    message = get_object_or_404(scope_of(request).messages(minimum=Role.OPERATOR), pk=pk)
     body = body_views(message.body_bytes)
     body_editable = body["text"] is not None and not body["text_truncated"]
     if request.method == "POST":
@@ -241,12 +253,15 @@ def message_edit(request, pk):
     return render(request, "messages/edit.html", ctx)
 
 
+@team_scoped
 @login_required
 @viewer_required
 @require_GET
 def message_body(request, pk):
     """The raw body bytes as a download: never rendered inline, whatever its content type says."""
-    message = get_object_or_404(Message.objects.only("id", "body"), pk=pk)
+    message = get_object_or_404(
+        scope_of(request).messages(Message.objects.only("id", "body")), pk=pk
+    )
     response = HttpResponse(message.body_bytes, content_type="application/octet-stream")
     response["Content-Disposition"] = f'attachment; filename="message-{message.pk}.bin"'
     return response

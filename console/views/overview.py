@@ -20,7 +20,7 @@ from recovery.broker.management import Management
 from recovery.broker.topology import DLX_POLICY, Names
 from recovery.collector.health import collector_health
 from recovery.errors import ManagementError
-from recovery.models import OPEN, Activity, Kind, hourly_sums, rollup_sums
+from recovery.models import OPEN, Activity, Kind, hourly_sums, rollup_sums, scope_of, team_scoped
 
 TOP_SOURCES = 15
 MANAGEMENT_TIMEOUT_SECONDS = 3
@@ -99,24 +99,30 @@ def trend(now, buckets, bucket_hours, hourly=None):
     }
 
 
+@team_scoped
 @login_required
 @viewer_required
 @require_GET
 def overview(request):
+    """A team sees its own figures: the count tables filtered by its scope."""
     now = timezone.now()
-    totals, hourly = rollup_sums()
+    scope = scope_of(request)
+    totals, hourly = rollup_sums(scope_q=scope.q())
     ctx = {
         **store_counts(totals),
         "trend_24h": trend(now, 24, 1, hourly),
         "trend_7d": trend(now, 7, 24, hourly),
-        "activity": Activity.objects.select_related("user").order_by("-created_at", "-id")[:12],
+        "activity": scope.activity(Activity.objects.select_related("user")).order_by(
+            "-created_at", "-id"
+        )[:12],
         "now": now,
     }
     return render(request, "overview.html", ctx)
 
 
-def broker_queues():
-    """Depths of the recovery queues and of the application queues that dead-letter to us."""
+def broker_queues(scope):
+    """Depths of the recovery queues and of the application queues that dead-letter to us
+    (a team's own application queues only)."""
     names = Names.from_settings()
     recovery_queues = {*names.source_queues, names.quarantine}
     management = Management(timeout=MANAGEMENT_TIMEOUT_SECONDS)
@@ -136,7 +142,7 @@ def broker_queues():
             elif (
                 arguments.get("x-dead-letter-exchange") == names.dlx
                 or queue.get("policy") == DLX_POLICY
-            ):
+            ) and scope.allows(vhost, queue["name"], ""):
                 entry["app"].append(queue)
         entry["recovery"].sort(key=lambda q: q["name"])
         entry["app"].sort(key=lambda q: (-(q.get("messages") or 0), q["name"]))
@@ -146,12 +152,17 @@ def broker_queues():
     return report
 
 
+@team_scoped
 @login_required
 @viewer_required
 @require_GET
 def overview_live(request):
     """Collector health and live queue depths (its own page without JavaScript)."""
-    ctx = {"health": collector_health(), "queues": broker_queues(), "now": timezone.now()}
+    ctx = {
+        "health": collector_health(),
+        "queues": broker_queues(scope_of(request)),
+        "now": timezone.now(),
+    }
     template = "overview_live.html"
     if request.htmx:
         template += "#live"

@@ -11,7 +11,7 @@ from recovery.api.messages import FILTER_PARAMETERS
 from recovery.api.pagination import RowsCursorPagination
 from recovery.api.params import MessageFilterParams, validated
 from recovery.collector.health import collector_health
-from recovery.models import Message, Status
+from recovery.models import Message, Status, scope_of, team_scoped
 from recovery.search.filters import apply_filters
 from recovery.search.groups import count_by, message_groups, rollup_groups
 
@@ -77,12 +77,14 @@ class StatsSerializer(serializers.Serializer):
     responses=StatsSerializer,
     summary="Counts by kind, status and queue, and the collector's lag",
 )
+@team_scoped
 @api_view(["GET"])
 def stats(request):
     filters = validated(MessageFilterParams, request.query_params)
-    by_kind, by_status, by_queue = count_by(filters)
+    scope = scope_of(request)
+    by_kind, by_status, by_queue = count_by(filters, scope)
     oldest = (
-        apply_filters(Message.objects.filter(status=Status.PENDING), filters)
+        apply_filters(scope.messages(Message.objects.filter(status=Status.PENDING)), filters)
         .order_by("collected_at")
         .values_list("collected_at", flat=True)
         .first()
@@ -117,11 +119,13 @@ def _recently_seen_first(group):
 class GroupList(generics.ListAPIView):
     serializer_class = GroupSerializer
     pagination_class = RowsCursorPagination
+    team_scoped = True
 
     def list(self, request, *args, **kwargs):
         filters = validated(MessageFilterParams, request.query_params)
-        groups = rollup_groups(filters)
+        scope = scope_of(request)
+        groups = rollup_groups(filters, scope)
         if groups is None:
-            groups = message_groups(filters)
+            groups = message_groups(filters, scope)
         page = self.paginator.paginate_rows(groups, _recently_seen_first, request)
         return self.paginator.get_paginated_response(self.get_serializer(page, many=True).data)

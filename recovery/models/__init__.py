@@ -6,6 +6,7 @@
 - replay: replay attempts, bulk jobs and their items, edited versions
 - audit: nightly audit runs, windows, evidence, input gaps; the bindings history
 - alerts: alert rules, their transitions, notification channels and the notification outbox
+- teams: teams, their scopes and memberships; Scope, what one caller may see
 - broker: the broker's own tally of dead-lettered and dropped messages against the store
 - retention: what leaves the store after RETENTION_DAYS, store-wide
 - tasks: the store's Celery beat tasks (retention, folding the counts)
@@ -18,6 +19,7 @@ from recovery.models.access import (
     ApiToken,
     IdempotencyKey,
     Role,
+    global_role_of,
     has_role,
     hash_token,
     role_of,
@@ -66,6 +68,15 @@ from recovery.models.store import (
     attach_died_again,
     default_target_of,
 )
+from recovery.models.teams import (
+    Membership,
+    Scope,
+    Team,
+    TeamScope,
+    glob_to_regex,
+    scope_of,
+    team_scoped,
+)
 
 __all__ = [
     "BrokerTally",
@@ -111,6 +122,14 @@ __all__ = [
     "mark_died_again",
     "group_details",
     "has_role",
+    "global_role_of",
+    "glob_to_regex",
+    "Membership",
+    "Scope",
+    "scope_of",
+    "team_scoped",
+    "Team",
+    "TeamScope",
     "hash_token",
     "hourly_sums",
     "role_of",

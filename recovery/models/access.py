@@ -19,7 +19,25 @@ ROLE_ORDER = [Role.VIEWER, Role.OPERATOR, Role.ADMIN]
 
 
 def role_of(user):
-    """The strongest role a user holds (superusers are admins); None when the user has none."""
+    """The strongest role a user holds: their global role while they are in no team, else the
+    strongest of their team roles (admins and superusers are global whatever their teams)."""
+    role = global_role_of(user)
+    if role is None and (not user or not user.is_authenticated):
+        return None
+    if role == Role.ADMIN:
+        return role
+    from recovery.models.teams import Membership
+
+    team_roles = [
+        Role(r) for r in Membership.objects.filter(user=user).values_list("role", flat=True)
+    ]
+    if not team_roles:
+        return role
+    return max(team_roles, key=ROLE_ORDER.index)
+
+
+def global_role_of(user):
+    """The strongest global role (auth groups; superusers are admins); None when none."""
     if not user or not user.is_authenticated:
         return None
     if user.is_superuser:
@@ -91,6 +109,11 @@ class ApiToken(models.Model):
     """An API token. Only its SHA-256 is stored; the key is shown once, at creation."""
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
+    # A token acting as one of its user's teams sees and changes that team's scope only, with
+    # the user's role in that team (narrower, never wider); null: it acts as its user.
+    team = models.ForeignKey(
+        "recovery.Team", null=True, blank=True, on_delete=models.CASCADE, related_name="tokens"
+    )
     name = models.CharField(max_length=100, blank=True, default="")
     prefix = models.CharField(max_length=8)
     digest = models.CharField(max_length=64, unique=True)
@@ -99,15 +122,19 @@ class ApiToken(models.Model):
     revoked_at = models.DateTimeField(null=True, blank=True)
 
     @classmethod
-    def issue(cls, user, name=""):
+    def issue(cls, user, name="", team=None):
+        if team is not None and not user.memberships.filter(team=team).exists():
+            raise ValueError(f"{user.get_username()} is not in team {team}")
         raw = "lz_" + secrets.token_urlsafe(32)
-        token = cls.objects.create(user=user, name=name, prefix=raw[:8], digest=hash_token(raw))
+        token = cls.objects.create(
+            user=user, name=name, team=team, prefix=raw[:8], digest=hash_token(raw)
+        )
         return token, raw
 
     @classmethod
     def authenticate(cls, raw):
         token = (
-            cls.objects.select_related("user")
+            cls.objects.select_related("user", "team")
             .filter(digest=hash_token(raw), revoked_at__isnull=True, user__is_active=True)
             .first()
         )

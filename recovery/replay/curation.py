@@ -20,6 +20,7 @@ from recovery.models import (
     Activity,
     Message,
     ReplayJobItem,
+    Role,
     Status,
 )
 from recovery.replay.one import holding_job, replay_message
@@ -82,7 +83,9 @@ def names_a_filter(filters):
     return any(value not in (None, "") for value in filters.values())
 
 
-def _by_filter(user, via, action, filters, statuses, column, updates, detail, budget_s, batch):
+def _by_filter(
+    user, via, action, filters, statuses, column, updates, detail, budget_s, batch, scope=None
+):
     """``action`` for every message in ``statuses`` matching ``filters`` (cleaned filter data,
     at least one filter), in batches of ``batch``, oldest id first, for about ``budget_s``
     seconds (at least one batch): each batch's messages get ``updates(now)`` (an update's
@@ -97,6 +100,8 @@ def _by_filter(user, via, action, filters, statuses, column, updates, detail, bu
     if not names_a_filter(filters):
         raise ValidationError({"filters": "name at least one filter: this changes every match"})
     matching = apply_filters(Message.objects.filter(status__in=statuses), filters)
+    if scope is not None:  # a team caller: only what they operate on
+        matching = matching.filter(scope.q(Role.OPERATOR))
     deadline = time.monotonic() + (BY_FILTER_BUDGET_S if budget_s is None else budget_s)
     batch = batch or BY_FILTER_BATCH
     changed, after = 0, 0
@@ -130,7 +135,9 @@ def _by_filter(user, via, action, filters, statuses, column, updates, detail, bu
     return changed, matching.count()
 
 
-def discard_matching(user, filters, via="console", reason="", budget_s=None, batch=None):
+def discard_matching(
+    user, filters, via="console", reason="", budget_s=None, batch=None, scope=None
+):
     """Soft-discard the pending, poisoned and replayed messages matching ``filters``, as
     ``discard_message`` does one (restorable, one ``discard`` activity row each), in steps
     (``_by_filter``); ``(discarded, remaining)``."""
@@ -152,10 +159,11 @@ def discard_matching(user, filters, via="console", reason="", budget_s=None, bat
         lambda pk, status: {"reason": reason, "previous_status": status, "message": pk},
         budget_s,
         batch,
+        scope,
     )
 
 
-def restore_matching(user, filters, via="console", budget_s=None, batch=None):
+def restore_matching(user, filters, via="console", budget_s=None, batch=None, scope=None):
     """Undo the discard of every discarded message matching ``filters``, as
     ``restore_message`` does one (each gets back the status it had; one ``restore`` activity
     row each), in steps (``_by_filter``); ``(restored, remaining)``."""
@@ -176,6 +184,7 @@ def restore_matching(user, filters, via="console", budget_s=None, batch=None):
         lambda pk, before: {"restored_status": before or Status.PENDING, "message": pk},
         budget_s,
         batch,
+        scope,
     )
 
 

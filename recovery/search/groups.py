@@ -23,7 +23,7 @@ def _on_the_hour(moment):
     return utc == utc.replace(minute=0, second=0, microsecond=0)
 
 
-def rollup_rows(filters):
+def rollup_rows(filters, scope=None):
     """MessageCount rows for these filters, or None when only the messages can answer exactly
     (a search, or since/until inside an hour). The rollup makes stats constant-time in the
     size of the store; it is exact because triggers keep it in the writers' transactions."""
@@ -32,6 +32,8 @@ def rollup_rows(filters):
     ):
         return None
     rows = MessageCount.objects.order_by()
+    if scope is not None:  # the rollup has the messages' vhost and source columns
+        rows = rows.filter(scope.q())
     if filters.get("since"):
         rows = rows.filter(hour__gte=filters["since"])
     if filters.get("until"):
@@ -42,13 +44,17 @@ def rollup_rows(filters):
     return rows
 
 
-def count_by(filters):
-    """(by kind, by status, top queues) from the rollup, or from the messages when it cannot."""
-    rows = rollup_rows(filters)
+def count_by(filters, scope=None):
+    """(by kind, by status, top queues) from the rollup, or from the messages when it cannot;
+    ``scope``: a caller's Scope (a team counts its own)."""
+    rows = rollup_rows(filters, scope)
     if rows is not None:
         aggregate, column = Sum, "n"
     else:
-        rows, aggregate, column = apply_filters(Message.objects.order_by(), filters), Count, "id"
+        messages = Message.objects.order_by()
+        if scope is not None:
+            messages = scope.messages(messages)
+        rows, aggregate, column = apply_filters(messages, filters), Count, "id"
     total = aggregate(column)
     pending = Coalesce(aggregate(column, filter=Q(status=Status.PENDING)), 0)
     queue = "source_queue"
@@ -108,7 +114,7 @@ GROUP_FIELDS = (
 )
 
 
-def rollup_groups(filters):
+def rollup_groups(filters, scope=None):
     """Every group's row for these filters, from the rollup (counts, and the hours its newest
     and oldest matching messages are in) and two index probes per group (their exact times, and
     the label); None when only the messages can answer (``rollup_rows``).
@@ -117,7 +123,7 @@ def rollup_groups(filters):
     this reads the rollup and a few rows per group (p95 79 ms through the API, bench/ui.py), in
     one statement, so the counts and the probes see the same snapshot.
     """
-    rollup = rollup_rows(filters)
+    rollup = rollup_rows(filters, scope)
     if rollup is None:
         return None
     by_hour = (
@@ -133,7 +139,8 @@ def rollup_groups(filters):
         .filter(total__gt=0)
     )
     by_hour_sql, by_hour_params = by_hour.query.sql_with_params()
-    matching = apply_filters(Message.objects.all(), filters).query
+    messages = Message.objects.all() if scope is None else scope.messages()
+    matching = apply_filters(messages, filters).query
     try:
         where_sql, where_params = matching.get_compiler(connection=connection).compile(
             matching.where
@@ -146,12 +153,15 @@ def rollup_groups(filters):
         return [dict(zip(GROUP_FIELDS, row, strict=True)) for row in cur.fetchall()]
 
 
-def message_groups(filters):
+def message_groups(filters, scope=None):
     """Every group's row, aggregated over the matching messages (a search, or since/until
     inside an hour: what the rollup cannot answer exactly)."""
     # The key hashes queue, reason and exception, so MAX() of each is the group's value.
     return list(
-        narrow_search(apply_filters(Message.objects.all(), filters), filters)
+        narrow_search(
+            apply_filters(Message.objects.all() if scope is None else scope.messages(), filters),
+            filters,
+        )
         .order_by()
         .values("group_key")
         .annotate(

@@ -1,0 +1,289 @@
+"""Teams: who may see and change which messages (docs/security.md, "Teams").
+
+A team is a name plus scopes (a vhost and glob patterns over queue and exchange names); a user
+belongs to teams with a role per team. ``Scope`` is the one place the rest of Lazarus asks what a
+caller (a user, or an API token acting as one of its user's teams) may read or write: a ``Q``
+over the columns every message and count row share (vhost, source_queue, source_exchange), and
+the same test in Python for one name.
+
+Upgrade path: a user in no team keeps their global role and sees everything, exactly as before
+teams existed; a user in any team has only their teams' roles over their teams' scopes. Admins
+(the admin role, superusers) are global whatever their memberships.
+"""
+
+import re
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.db.models import Q
+
+from recovery.models.access import ROLE_ORDER, Role
+
+PATTERN_MAX_LENGTH = 255
+# Matches no row, and (unlike pk__in=[]) compiles to SQL: the raw queries embed it.
+NOTHING = Q(pk__isnull=True)
+
+
+def glob_to_regex(pattern):
+    """An anchored regular expression, the same for PostgreSQL (``~``) and Python ``re``.
+
+    Globs: ``*`` any run of characters (none included), ``?`` one character, everything else
+    literal. Non-alphanumeric characters are escaped with a backslash, which both dialects read
+    as the literal character (alphanumerics are never escaped: ``\\d`` would be a class)."""
+    out = []
+    for char in pattern:
+        if char == "*":
+            out.append(".*")
+        elif char == "?":
+            out.append(".")
+        elif char.isascii() and char.isalnum():
+            out.append(char)
+        else:
+            out.append("\\" + char)
+    return "^" + "".join(out) + "$"
+
+
+def validate_pattern(value):
+    """A bad pattern is a form (or API 400) error, never a 500."""
+    if len(value) > PATTERN_MAX_LENGTH:
+        raise ValidationError(f"at most {PATTERN_MAX_LENGTH} characters")
+    if any(ord(char) < 32 or ord(char) == 127 for char in value):
+        raise ValidationError("control characters are not allowed in a pattern")
+
+
+class Team(models.Model):
+    name = models.CharField(max_length=100, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+
+class TeamScope(models.Model):
+    """One vhost and glob patterns: a message is in scope when its vhost is this one and its
+    source queue matches ``queue_pattern`` or its source exchange matches ``exchange_pattern``.
+    An empty pattern matches nothing (a scope names at least one)."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="scopes")
+    vhost = models.CharField(max_length=255, default="/", validators=[validate_pattern])
+    queue_pattern = models.CharField(
+        max_length=PATTERN_MAX_LENGTH, blank=True, default="", validators=[validate_pattern]
+    )
+    exchange_pattern = models.CharField(
+        max_length=PATTERN_MAX_LENGTH, blank=True, default="", validators=[validate_pattern]
+    )
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self):
+        return f"{self.vhost} queue={self.queue_pattern!r} exchange={self.exchange_pattern!r}"
+
+    def clean(self):
+        if not self.queue_pattern and not self.exchange_pattern:
+            raise ValidationError("a scope names a queue pattern, an exchange pattern or both")
+
+    def q(self):
+        names = NOTHING
+        if self.queue_pattern:
+            names |= Q(source_queue__regex=glob_to_regex(self.queue_pattern))
+        if self.exchange_pattern:
+            names |= Q(source_exchange__regex=glob_to_regex(self.exchange_pattern))
+        return Q(vhost=self.vhost) & names
+
+    def matches(self, vhost, queue, exchange):
+        if vhost != self.vhost:
+            return False
+        return bool(
+            (self.queue_pattern and re.match(glob_to_regex(self.queue_pattern), queue or ""))
+            or (
+                self.exchange_pattern
+                and re.match(glob_to_regex(self.exchange_pattern), exchange or "")
+            )
+        )
+
+
+class Membership(models.Model):
+    class TeamRole(models.TextChoices):
+        VIEWER = "viewer"
+        OPERATOR = "operator"
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=8, choices=TeamRole.choices, default=TeamRole.VIEWER)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "team"], name="membership_user_team")
+        ]
+
+
+def _at_least(role, minimum):
+    return role is not None and ROLE_ORDER.index(Role(role)) >= ROLE_ORDER.index(Role(minimum))
+
+
+class Scope:
+    """What one caller may see and change.
+
+    ``teams`` is None for a global caller (roles as before teams; admins), else {team id: role}
+    with each team's TeamScope rows loaded once. Every query goes through ``q()``: a global
+    caller gets ``Q()`` (no filter), a team caller an OR of their teams' scopes, and a caller
+    with no team left nothing (``NOTHING``)."""
+
+    def __init__(self, role, teams=None, scopes=None, acting_team=None):
+        self.role = role
+        self.teams = teams
+        self.scopes = scopes or {}
+        self.acting_team = acting_team
+
+    @classmethod
+    def of(cls, user, team_id=None):
+        """``user``'s scope; with ``team_id`` (a team token, a team's job) only that team's,
+        with the user's current role in it (none if they left it)."""
+        from recovery.models.access import global_role_of
+
+        if not user or not user.is_authenticated or not user.is_active:
+            return cls(None, teams={})
+        role = global_role_of(user)
+        if role == Role.ADMIN:
+            return cls(role)
+        memberships = Membership.objects.filter(user=user).select_related("team")
+        acting = None
+        if team_id is not None:
+            memberships = memberships.filter(team_id=team_id)
+            acting = Team.objects.filter(pk=team_id).first()
+        elif not memberships.exists():
+            return cls(role)
+        teams = {m.team_id: Role(m.role) for m in memberships}
+        scopes = {}
+        for scope in TeamScope.objects.filter(team_id__in=teams):
+            scopes.setdefault(scope.team_id, []).append(scope)
+        best = max(teams.values(), key=ROLE_ORDER.index, default=None)
+        return cls(best, teams=teams, scopes=scopes, acting_team=acting)
+
+    @property
+    def is_global(self):
+        return self.teams is None
+
+    def has_role(self, minimum):
+        return _at_least(self.role, minimum)
+
+    def team_ids(self, minimum=Role.VIEWER):
+        if self.teams is None:
+            return None
+        return [team for team, role in self.teams.items() if _at_least(role, minimum)]
+
+    def q(self, minimum=Role.VIEWER):
+        """Over any model with vhost, source_queue and source_exchange columns (messages and
+        the count tables alike)."""
+        if self.teams is None:
+            return Q() if self.has_role(minimum) else NOTHING
+        combined = NOTHING
+        for team in self.team_ids(minimum):
+            for scope in self.scopes.get(team, []):
+                combined |= scope.q()
+        return combined
+
+    def allows(self, vhost, queue, exchange, minimum=Role.VIEWER):
+        if self.teams is None:
+            return self.has_role(minimum)
+        return any(
+            scope.matches(vhost, queue, exchange)
+            for team in self.team_ids(minimum)
+            for scope in self.scopes.get(team, [])
+        )
+
+    def where_sql(self, minimum=Role.VIEWER):
+        """``q()`` over recovery_message as (SQL, params), for the raw queries."""
+        from django.core.exceptions import FullResultSet
+        from django.db import connection
+
+        from recovery.models.store import Message
+
+        query = Message.objects.filter(self.q(minimum)).query
+        try:
+            return query.get_compiler(connection=connection).compile(query.where)
+        except FullResultSet:
+            return "true", ()
+
+    def messages(self, queryset=None, minimum=Role.VIEWER):
+        from recovery.models.store import Message
+
+        queryset = Message.objects.all() if queryset is None else queryset
+        return queryset.filter(self.q(minimum))
+
+    def jobs(self, queryset=None, minimum=Role.VIEWER):
+        """Jobs a team caller sees: their teams' jobs (made while acting for one team)."""
+        from recovery.models.replay import ReplayJob
+
+        queryset = ReplayJob.objects.all() if queryset is None else queryset
+        if self.teams is None:
+            return queryset
+        return queryset.filter(team_id__in=self.team_ids(minimum))
+
+    def job_team(self):
+        """The team a job made by this caller belongs to: the token's team, or the caller's
+        only operator team; None for a global caller. A caller operating for several teams
+        must act through a team token (ValidationError)."""
+        if self.teams is None:
+            return None
+        if self.acting_team is not None:
+            return self.acting_team.pk
+        teams = self.team_ids(Role.OPERATOR)
+        if len(teams) != 1:
+            raise ValidationError(
+                "You operate for several teams: start the job with an API token acting as one."
+            )
+        return teams[0]
+
+    @classmethod
+    def of_job(cls, job):
+        """Whom a job runs for, re-checked when it runs: everything for a job a global caller
+        made (team None); its team's scope, as its creator operates there now, otherwise."""
+        if job.team_id is None:
+            return cls(Role.ADMIN)
+        return cls.of(job.created_by, team_id=job.team_id)
+
+    def activity(self, queryset):
+        """Activity rows of messages and jobs in scope; nothing else (role changes, tokens)."""
+        if self.teams is None:
+            return queryset
+        from recovery.models.replay import ReplayJob
+        from recovery.models.store import Message
+
+        return queryset.filter(
+            Q(message__in=Message.objects.filter(self.q()).values("pk"))
+            | Q(message__isnull=True, job__in=self.jobs(ReplayJob.objects.all()).values("pk"))
+        )
+
+
+def scope_of(request):
+    """The caller's Scope, once per request: its API token's (acting as a team or as its user)
+    or its session user's."""
+    cached = getattr(request, "_lazarus_scope", None)
+    if cached is not None:
+        return cached
+    from recovery.models.access import ApiToken
+
+    token = getattr(request, "auth", None)
+    team_id = token.team_id if isinstance(token, ApiToken) else None
+    scope = Scope.of(request.user, team_id)
+    request._lazarus_scope = scope
+    return scope
+
+
+def team_scoped(view):
+    """Marks a view as reading and writing through ``Scope``: only marked views answer team
+    callers (the others refuse them: a route added without scoping fails closed). On an
+    ``@api_view`` function, put it above the decorator."""
+    view.team_scoped = True
+    view_class = getattr(view, "cls", None) or getattr(view, "view_class", None)
+    if view_class is not None:
+        view_class.team_scoped = True
+    return view
