@@ -140,7 +140,7 @@ def job_detail(request, pk):
 
 
 def _job_action(request, pk, method_name, done_message):
-    job = get_object_or_404(scope_of(request).jobs(minimum=Role.OPERATOR), pk=pk)
+    job = get_object_or_404(scope_of(request).jobs(ReplayJob.objects.all(), Role.OPERATOR), pk=pk)
     error = None
     try:
         getattr(job, method_name)(request.user, via="console")

@@ -343,7 +343,7 @@ def resume(request, pk):
 
 
 def _transition(request, pk, method):
-    job = get_object_or_404(scope_of(request).jobs(minimum=Role.OPERATOR), pk=pk)
+    job = get_object_or_404(scope_of(request).jobs(ReplayJob.objects.all(), Role.OPERATOR), pk=pk)
     try:
         getattr(job, method)(request.user, via="api")
     except StateError as exc:

@@ -20,9 +20,7 @@ from recovery.models.access import (
     IdempotencyKey,
     Role,
     global_role_of,
-    has_role,
     hash_token,
-    role_of,
     set_role,
 )
 from recovery.models.alerts import AlertRule, AlertTransition, Notification, NotificationChannel
@@ -74,6 +72,8 @@ from recovery.models.teams import (
     Team,
     TeamScope,
     glob_to_regex,
+    has_role,
+    role_of,
     scope_of,
     team_scoped,
 )

@@ -18,24 +18,6 @@ class Role(models.TextChoices):
 ROLE_ORDER = [Role.VIEWER, Role.OPERATOR, Role.ADMIN]
 
 
-def role_of(user):
-    """The strongest role a user holds: their global role while they are in no team, else the
-    strongest of their team roles (admins and superusers are global whatever their teams)."""
-    role = global_role_of(user)
-    if role is None and (not user or not user.is_authenticated):
-        return None
-    if role == Role.ADMIN:
-        return role
-    from recovery.models.teams import Membership
-
-    team_roles = [
-        Role(r) for r in Membership.objects.filter(user=user).values_list("role", flat=True)
-    ]
-    if not team_roles:
-        return role
-    return max(team_roles, key=ROLE_ORDER.index)
-
-
 def global_role_of(user):
     """The strongest global role (auth groups; superusers are admins); None when none."""
     if not user or not user.is_authenticated:
@@ -47,11 +29,6 @@ def global_role_of(user):
         if role.value in names:
             return role
     return None
-
-
-def has_role(user, minimum):
-    role = role_of(user)
-    return role is not None and ROLE_ORDER.index(role) >= ROLE_ORDER.index(Role(minimum))
 
 
 def set_role(user, role):

@@ -14,11 +14,12 @@ teams existed; a user in any team has only their teams' roles over their teams' 
 import re
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
-from django.db import models
+from django.core.exceptions import FullResultSet, ValidationError
+from django.db import connection, models
 from django.db.models import Q
 
-from recovery.models.access import ROLE_ORDER, Role
+from recovery.models.access import ROLE_ORDER, ApiToken, Role, global_role_of
+from recovery.models.store import Message
 
 PATTERN_MAX_LENGTH = 255
 # Matches no row, and (unlike pk__in=[]) compiles to SQL: the raw queries embed it.
@@ -124,6 +125,26 @@ class Membership(models.Model):
         ]
 
 
+def role_of(user):
+    """The strongest role a user holds: their global role while they are in no team, else the
+    strongest of their team roles (admins and superusers are global whatever their teams)."""
+    role = global_role_of(user)
+    if role is None and (not user or not user.is_authenticated):
+        return None
+    if role == Role.ADMIN:
+        return role
+    team_roles = [
+        Role(r) for r in Membership.objects.filter(user=user).values_list("role", flat=True)
+    ]
+    if not team_roles:
+        return role
+    return max(team_roles, key=ROLE_ORDER.index)
+
+
+def has_role(user, minimum):
+    return _at_least(role_of(user), minimum)
+
+
 def _at_least(role, minimum):
     return role is not None and ROLE_ORDER.index(Role(role)) >= ROLE_ORDER.index(Role(minimum))
 
@@ -146,8 +167,6 @@ class Scope:
     def of(cls, user, team_id=None):
         """``user``'s scope; with ``team_id`` (a team token, a team's job) only that team's,
         with the user's current role in it (none if they left it)."""
-        from recovery.models.access import global_role_of
-
         if not user or not user.is_authenticated or not user.is_active:
             return cls(None, teams={})
         role = global_role_of(user)
@@ -201,11 +220,6 @@ class Scope:
 
     def where_sql(self, minimum=Role.VIEWER):
         """``q()`` over recovery_message as (SQL, params), for the raw queries."""
-        from django.core.exceptions import FullResultSet
-        from django.db import connection
-
-        from recovery.models.store import Message
-
         query = Message.objects.filter(self.q(minimum)).query
         try:
             return query.get_compiler(connection=connection).compile(query.where)
@@ -213,16 +227,11 @@ class Scope:
             return "true", ()
 
     def messages(self, queryset=None, minimum=Role.VIEWER):
-        from recovery.models.store import Message
-
         queryset = Message.objects.all() if queryset is None else queryset
         return queryset.filter(self.q(minimum))
 
-    def jobs(self, queryset=None, minimum=Role.VIEWER):
-        """Jobs a team caller sees: their teams' jobs (made while acting for one team)."""
-        from recovery.models.replay import ReplayJob
-
-        queryset = ReplayJob.objects.all() if queryset is None else queryset
+    def jobs(self, queryset, minimum=Role.VIEWER):
+        """Of the ReplayJob ``queryset``, those a team caller sees: their teams' jobs."""
         if self.teams is None:
             return queryset
         return queryset.filter(team_id__in=self.team_ids(minimum))
@@ -254,12 +263,9 @@ class Scope:
         """Activity rows of messages and jobs in scope; nothing else (role changes, tokens)."""
         if self.teams is None:
             return queryset
-        from recovery.models.replay import ReplayJob
-        from recovery.models.store import Message
-
         return queryset.filter(
             Q(message__in=Message.objects.filter(self.q()).values("pk"))
-            | Q(message__isnull=True, job__in=self.jobs(ReplayJob.objects.all()).values("pk"))
+            | Q(message__isnull=True, job__team__in=self.team_ids())
         )
 
 
@@ -269,8 +275,6 @@ def scope_of(request):
     cached = getattr(request, "_lazarus_scope", None)
     if cached is not None:
         return cached
-    from recovery.models.access import ApiToken
-
     token = getattr(request, "auth", None)
     team_id = token.team_id if isinstance(token, ApiToken) else None
     scope = Scope.of(request.user, team_id)
