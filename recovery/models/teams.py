@@ -251,6 +251,28 @@ class Scope:
             )
         return teams[0]
 
+    @staticmethod
+    def covers(team_id, vhost, queue, exchange):
+        """Whether every name given (queue, exchange: "" = not given) is in one of the team's
+        scopes of ``vhost`` (an alert rule's names: a glob ``*`` covers "" too, so each name
+        given must match its own pattern)."""
+        scopes = TeamScope.objects.filter(team_id=team_id, vhost=vhost)
+        return any(
+            (not queue or (s.queue_pattern and re.match(glob_to_regex(s.queue_pattern), queue)))
+            and (
+                not exchange
+                or (s.exchange_pattern and re.match(glob_to_regex(s.exchange_pattern), exchange))
+            )
+            for s in scopes
+        )
+
+    def owned(self, queryset):
+        """Of alert rules or channels (a ``team`` column), those a caller sees: a team
+        caller their teams' own."""
+        if self.teams is None:
+            return queryset
+        return queryset.filter(team__in=self.team_ids())
+
     @classmethod
     def of_job(cls, job):
         """Whom a job runs for, re-checked when it runs: everything for a job a global caller

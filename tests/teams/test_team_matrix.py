@@ -126,11 +126,19 @@ def teams(db):
         total=3,
     )
     channel = NotificationChannel.objects.create(
-        name="a-channel", kind="webhook", target="http://a.example/hook"
+        name="a-channel", kind="webhook", target="http://a.example/hook", team=team_a
     )
-    rule = AlertRule.objects.create(name="a-rule-watch", kind="open_messages", queue=A_QUEUE)
+    rule = AlertRule.objects.create(
+        name="a-rule-watch", kind="open_messages", vhost="/", queue=A_QUEUE, team=team_a
+    )
     rule.channels.add(channel)
-    return {"b_user": b_user, "b_message": b_message, "b_tokens": b_tokens, "a": a_messages}
+    return {
+        "a_user": a_user,
+        "b_user": b_user,
+        "b_message": b_message,
+        "b_tokens": b_tokens,
+        "a": a_messages,
+    }
 
 
 def _snapshot():
@@ -264,6 +272,10 @@ def test_team_b_sees_and_changes_nothing_of_team_a(teams, settings):
     # B's own message was there to be seen all along (the pages were not simply empty).
     session.force_login(teams["b_user"])
     assert B_QUEUE in session.get("/messages/").content.decode()
+    # And A's member does see A's: the pages above were scoped, not blank.
+    session.force_login(teams["a_user"])
+    for path in ("/messages/", "/alerts/", "/jobs/", f"/messages/{A_IDS[0]}/"):
+        assert _leaks(session.get(path), path), path
 
 
 WRITE_FIELDS_FORM = {

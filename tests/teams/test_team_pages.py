@@ -46,8 +46,9 @@ def test_a_team_token_reads_its_team_through_the_api(client, stores):
     me = client.get("/api/v1/me", **auth).json()
     assert me["team"] == "payments" and me["teams"] == ["payments"] and me["role"] == "viewer"
     assert client.get(f"/api/v1/messages/{stores['theirs'][0].pk}", **auth).status_code == 404
-    # Routes not scoped yet refuse team callers rather than show everything.
-    assert client.get("/api/v1/alert-rules", **auth).status_code == 403
+    # Routes not scoped refuse team callers rather than show everything.
+    assert client.get("/api/v1/broker", **auth).status_code == 403
+    assert client.get("/api/v1/audits", **auth).status_code == 403
 
 
 def test_users_in_no_team_see_everything_as_before(client, stores):
@@ -82,3 +83,40 @@ def test_an_admin_makes_a_team_through_the_api(client):
     team = client.get(f"/api/v1/teams/{made['id']}", **auth).json()
     assert team["scopes"][0]["queue_pattern"] == "search.*"
     assert team["members"][0]["user"] == "indexer"
+
+
+def test_a_teams_alert_rule_watches_its_scope_and_notifies_its_channels(client, stores):
+    admin = make_user("rule-admin", Role.ADMIN)
+    auth = {"HTTP_AUTHORIZATION": f"Token {ApiToken.issue(admin)[1]}"}
+    team = stores["team"].pk
+
+    def post(path, body):
+        return client.post(path, body, "application/json", **auth)
+
+    theirs = post(
+        "/api/v1/alert-channels", {"name": "hr", "kind": "webhook", "target": "http://h/"}
+    )
+    ours = post(
+        "/api/v1/alert-channels",
+        {"name": "pay", "kind": "webhook", "target": "http://p/", "team": team},
+    )
+    rule = {"name": "pay open", "kind": "open_messages", "vhost": "/", "team": team}
+    assert post("/api/v1/alert-rules", {**rule, "queue": "hr.payroll"}).status_code == 400
+    assert post("/api/v1/alert-rules", rule).status_code == 400  # no queue: everything
+    refused = post(
+        "/api/v1/alert-rules",
+        {**rule, "queue": "pay.cards", "channels": [theirs.json()["id"]]},
+    )
+    assert refused.status_code == 400 and "channels" in refused.json()["errors"]
+    made = post(
+        "/api/v1/alert-rules", {**rule, "queue": "pay.cards", "channels": [ours.json()["id"]]}
+    )
+    assert made.status_code == 201, made.content
+    member = {"HTTP_AUTHORIZATION": f"Token {ApiToken.issue(stores['payer'])[1]}"}
+    listed = client.get("/api/v1/alert-rules", **member).json()["results"]
+    assert [r["name"] for r in listed] == ["pay open"]
+    channels = client.get("/api/v1/alert-channels", **member).json()["results"]
+    assert [(c["name"], c["target"]) for c in channels] == [("pay", None)]
+    outsider = make_user("outsider", Role.VIEWER)
+    client.force_login(outsider)
+    assert "pay open" in client.get("/alerts/").content.decode()  # global users see all
