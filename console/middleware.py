@@ -1,6 +1,7 @@
 from django.http import Http404
 
 from recovery.models import scope_of
+from recovery.models.access import ACTING_TEAM
 
 
 class ContentSecurityPolicyMiddleware:
@@ -43,7 +44,12 @@ class TeamScopeMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
-        return self.get_response(request)
+        # A worker thread serves the next request with the same context: start it clean.
+        reset = ACTING_TEAM.set(None)
+        try:
+            return self.get_response(request)
+        finally:
+            ACTING_TEAM.reset(reset)
 
     def process_view(self, request, view_func, view_args, view_kwargs):
         if hasattr(view_func, "cls") or getattr(view_func, "team_scoped", False):

@@ -21,7 +21,7 @@ def activity_list(request):
     rows, next_before = [], None
     if form.is_valid():
         queryset = scope_of(request).activity(
-            form.apply(Activity.objects.select_related("user", "message", "job"))
+            form.apply(Activity.objects.select_related("user", "message", "job", "acting_team"))
         )
         page = newest_first_page(queryset, request.GET.get("before"), PAGE_SIZE, "created_at")
         rows, next_before = page.rows, page.next_before

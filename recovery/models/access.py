@@ -1,5 +1,6 @@
 """Who may do what: roles, API tokens (hashed), idempotency keys, rate windows, activity."""
 
+import contextvars
 import hashlib
 import secrets
 
@@ -38,6 +39,18 @@ def set_role(user, role):
     user.groups.add(next(g for g in groups if g.name == role.value))
 
 
+# The team an API token acts as, for the request being served (set by ``scope_of``, cleared
+# after each request by console.middleware.TeamScopeMiddleware): every activity row the
+# request writes records it, bulk-created ones too (a field default is read per instance).
+ACTING_TEAM: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "lazarus_acting_team", default=None
+)
+
+
+def acting_team_id():
+    return ACTING_TEAM.get()
+
+
 class Activity(models.Model):
     """Who did what: every replay, edit, discard, job and role change."""
 
@@ -69,6 +82,16 @@ class Activity(models.Model):
     )
     detail = models.JSONField(default=dict, blank=True)
     via = models.CharField(max_length=8, default="console")  # console | api | system
+    # The team the API token that did it acts as; null: it acted as its user.
+    acting_team = models.ForeignKey(
+        "recovery.Team",
+        null=True,
+        blank=True,
+        default=acting_team_id,
+        on_delete=models.SET_NULL,
+        db_constraint=False,
+        related_name="+",
+    )
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
 
     class Meta:

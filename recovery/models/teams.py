@@ -18,7 +18,7 @@ from django.core.exceptions import FullResultSet, ValidationError
 from django.db import connection, models
 from django.db.models import Q
 
-from recovery.models.access import ROLE_ORDER, ApiToken, Role, global_role_of
+from recovery.models.access import ACTING_TEAM, ROLE_ORDER, ApiToken, Role, global_role_of
 from recovery.models.store import Message
 
 PATTERN_MAX_LENGTH = 255
@@ -300,6 +300,7 @@ def scope_of(request):
     token = getattr(request, "auth", None)
     team_id = token.team_id if isinstance(token, ApiToken) else None
     scope = Scope.of(request.user, team_id)
+    ACTING_TEAM.set(team_id)
     request._lazarus_scope = scope
     return scope
 

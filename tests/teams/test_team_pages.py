@@ -3,7 +3,7 @@ groups and jobs; 404 for another team's message; everything for users in no team
 
 import pytest
 
-from recovery.models import ApiToken, Membership, Role, Team, TeamScope
+from recovery.models import Activity, ApiToken, Membership, Role, Team, TeamScope
 from tests.helpers import make_message, make_user
 
 pytestmark = pytest.mark.django_db
@@ -120,3 +120,23 @@ def test_a_teams_alert_rule_watches_its_scope_and_notifies_its_channels(client, 
     outsider = make_user("outsider", Role.VIEWER)
     client.force_login(outsider)
     assert "pay open" in client.get("/alerts/").content.decode()  # global users see all
+
+
+def test_the_activity_log_says_which_team_a_token_acted_as(client, stores):
+    Membership.objects.filter(user=stores["payer"]).update(role="operator")
+    raw = ApiToken.issue(stores["payer"], team=stores["team"])[1]
+    message = stores["mine"][0]
+    discarded = client.post(
+        f"/api/v1/messages/{message.pk}/discard",
+        {},
+        "application/json",
+        HTTP_AUTHORIZATION=f"Token {raw}",
+    )
+    assert discarded.status_code == 200
+    entry = Activity.objects.get(action="discard", message=message)
+    assert entry.acting_team == stores["team"] and entry.via == "api"
+    client.force_login(stores["payer"])
+    assert "as team payments" in client.get("/activity/").content.decode()
+    # The next request, on the same thread, acts as nobody's team.
+    client.post(f"/messages/{stores['mine'][1].pk}/discard")
+    assert Activity.objects.get(message=stores["mine"][1]).acting_team is None
