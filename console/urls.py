@@ -15,6 +15,7 @@ from console.views import (
     messages,
     metrics,
     overview,
+    teams,
     users,
 )
 from recovery.api.errors import api_not_found
@@ -55,6 +56,12 @@ urlpatterns = [
     path("users/<int:pk>/role", users.user_role, name="user-role"),
     path("users/<int:pk>/active", users.user_active, name="user-active"),
     path("users/unlock", users.user_unlock, name="user-unlock"),
+    path("teams/", teams.team_list, name="teams"),
+    path(
+        "teams/<str:what>/<int:pk>/delete",
+        teams.team_delete,
+        name="team-delete",
+    ),
     path("audits/", audits.audit_list, name="audits"),
     path("audits/<int:pk>/", audits.audit_detail, name="audit"),
     path("audits/<int:pk>/evidence", audits.audit_evidence, name="audit-evidence"),

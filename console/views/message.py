@@ -89,7 +89,7 @@ def death_timeline(message):
     return list(reversed(entries))
 
 
-def _detail_context(message, target_form=None, discard_form=None, error=None):
+def _detail_context(message, scope, target_form=None, discard_form=None, error=None):
     exchange, routing_key = message.default_target()
     attach_died_again([message])  # afresh: after a replay the cached answer is stale
     return {
@@ -102,7 +102,10 @@ def _detail_context(message, target_form=None, discard_form=None, error=None):
             message, message.attempts.select_related("user", "edit__user")[:50]
         ),
         "activity": message.activity.select_related("user").order_by("-created_at", "-id")[:20],
-        "returns": message.returns.only("id", "collected_at", "status", "reason")[:20],
+        # Copies that died again elsewhere (replayed to another team's queue) stay theirs.
+        "returns": scope.messages(message.returns.only("id", "collected_at", "status", "reason"))[
+            :20
+        ],
         "default_exchange": exchange,
         "default_routing_key": routing_key,
         "target_form": target_form or TargetForm(),
@@ -117,7 +120,7 @@ def _detail_context(message, target_form=None, discard_form=None, error=None):
 @require_GET
 def message_detail(request, pk):
     message = get_object_or_404(scope_of(request).messages(), pk=pk)
-    return render(request, "messages/detail.html", _detail_context(message))
+    return render(request, "messages/detail.html", _detail_context(message, scope_of(request)))
 
 
 def _status_response(request, message, error=None, status=200, target_form=None, notice=None):
@@ -125,7 +128,7 @@ def _status_response(request, message, error=None, status=200, target_form=None,
     with the error or notice as a flash message."""
     message.refresh_from_db()
     if request.htmx:
-        ctx = _detail_context(message, target_form=target_form, error=error)
+        ctx = _detail_context(message, scope_of(request), target_form=target_form, error=error)
         ctx["notice"] = notice
         return render(request, "messages/detail.html#actions", ctx, status=status)
     if error:

@@ -46,6 +46,7 @@ PARAMETERS = {
     "pk": A_IDS,
     "id": A_IDS,
     "path": ["v0/messages"],
+    "what": ["team", "scope", "member"],
     # Django admin's own routes (staff only; team members are not staff).
     "app_label": ["recovery"],
     "object_id": [str(A_BASE + 1)],

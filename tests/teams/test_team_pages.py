@@ -140,3 +140,23 @@ def test_the_activity_log_says_which_team_a_token_acted_as(client, stores):
     # The next request, on the same thread, acts as nobody's team.
     client.post(f"/messages/{stores['mine'][1].pk}/discard")
     assert Activity.objects.get(message=stores["mine"][1]).acting_team is None
+
+
+def test_an_admin_manages_teams_in_the_console(client):
+    client.force_login(make_user("console-admin", Role.ADMIN))
+    make_user("carol", None)
+    assert client.post("/teams/", {"form": "team", "team-name": "ops"}).status_code == 302
+    ops = Team.objects.get(name="ops")
+    bad = client.post("/teams/", {"form": "scope", "scope-team": ops.pk, "scope-vhost": "/"})
+    assert bad.status_code == 200 and not TeamScope.objects.exists()  # a form error
+    scope = {"form": "scope", "scope-team": ops.pk, "scope-vhost": "/"}
+    assert client.post("/teams/", {**scope, "scope-queue_pattern": "ops.*"}).status_code == 302
+    member = {"form": "member", "member-team": ops.pk, "member-user": "carol"}
+    assert client.post("/teams/", {**member, "member-role": "viewer"}).status_code == 302
+    page = client.get("/teams/").content.decode()
+    assert "ops.*" in page and "carol" in page
+    joined = Membership.objects.get(user__username="carol")
+    assert client.post(f"/teams/member/{joined.pk}/delete").status_code == 302
+    assert client.post("/teams/nothing/1/delete").status_code == 404
+    client.force_login(make_user("console-operator", Role.OPERATOR))
+    assert client.get("/teams/").status_code == 403
