@@ -160,3 +160,19 @@ def test_an_admin_manages_teams_in_the_console(client):
     assert client.post("/teams/nothing/1/delete").status_code == 404
     client.force_login(make_user("console-operator", Role.OPERATOR))
     assert client.get("/teams/").status_code == 403
+
+
+def test_a_team_token_never_gets_back_what_its_user_did_with_the_same_key(client, stores, settings):
+    settings.CELERY_TASK_ALWAYS_EAGER = False
+    Membership.objects.filter(user=stores["payer"]).update(role="operator")
+    as_user = {"HTTP_AUTHORIZATION": f"Token {ApiToken.issue(stores['payer'])[1]}"}
+    body = {"message_ids": [stores["mine"][0].pk]}
+    key = {"HTTP_IDEMPOTENCY_KEY": "k-1"}
+    first = client.post("/api/v1/replay-jobs", body, "application/json", **as_user, **key)
+    assert first.status_code == 201
+    search = Team.objects.create(name="search")
+    Membership.objects.create(user=stores["payer"], team=search, role="operator")
+    as_search = {"HTTP_AUTHORIZATION": f"Token {ApiToken.issue(stores['payer'], team=search)[1]}"}
+    again = client.post("/api/v1/replay-jobs", body, "application/json", **as_search, **key)
+    assert again.status_code == 422  # not the payments job made by the user's own token
+    assert again.json()["code"] == "idempotency_key_reused"
