@@ -18,7 +18,7 @@ from django.views.decorators.http import require_GET
 from console.access import viewer_required
 from recovery.broker.management import Management
 from recovery.broker.topology import DLX_POLICY, Names
-from recovery.collector.health import collector_health
+from recovery.collector.health import collector_health, without_error_text
 from recovery.errors import ManagementError
 from recovery.models import OPEN, Activity, Kind, hourly_sums, rollup_sums, scope_of, team_scoped
 
@@ -158,9 +158,11 @@ def broker_queues(scope):
 @require_GET
 def overview_live(request):
     """Collector health and live queue depths (its own page without JavaScript)."""
+    scope = scope_of(request)
+    health = collector_health()
     ctx = {
-        "health": collector_health(),
-        "queues": broker_queues(scope_of(request)),
+        "health": health if scope.is_global else without_error_text(health),
+        "queues": broker_queues(scope),
         "now": timezone.now(),
     }
     template = "overview_live.html"

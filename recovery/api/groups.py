@@ -10,7 +10,7 @@ from rest_framework.response import Response
 from recovery.api.messages import FILTER_PARAMETERS
 from recovery.api.pagination import RowsCursorPagination
 from recovery.api.params import MessageFilterParams, validated
-from recovery.collector.health import collector_health
+from recovery.collector.health import collector_health, without_error_text
 from recovery.models import Message, Status, scope_of, team_scoped
 from recovery.search.filters import apply_filters
 from recovery.search.groups import count_by, message_groups, rollup_groups
@@ -95,7 +95,9 @@ def stats(request):
         "by_status": by_status,
         "by_queue": by_queue,
         "oldest_pending_at": oldest,
-        "collector": collector_health(),
+        "collector": collector_health()
+        if scope.is_global
+        else without_error_text(collector_health()),
     }
     return Response(StatsSerializer(data).data)
 

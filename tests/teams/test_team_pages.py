@@ -3,6 +3,7 @@ groups and jobs; 404 for another team's message; everything for users in no team
 
 import pytest
 
+from recovery.collector.health import without_error_text
 from recovery.models import Activity, ApiToken, Membership, Role, Team, TeamScope
 from tests.helpers import make_message, make_user
 
@@ -176,3 +177,13 @@ def test_a_team_token_never_gets_back_what_its_user_did_with_the_same_key(client
     again = client.post("/api/v1/replay-jobs", body, "application/json", **as_search, **key)
     assert again.status_code == 422  # not the payments job made by the user's own token
     assert again.json()["code"] == "idempotency_key_reused"
+
+
+def test_a_member_is_told_the_collector_failed_but_not_its_error_text():
+    health = {
+        "sources": [{"last_error": "Failing row contains (salary 9000)", "errors": 1}],
+        "threads": [{"last_error": "", "errors": 0}],
+    }
+    hidden = without_error_text(health)
+    assert hidden["sources"] == [{"last_error": "(hidden)", "errors": 1}]
+    assert hidden["threads"] == [{"last_error": "", "errors": 0}]
