@@ -218,6 +218,22 @@ class Scope:
             for scope in self.scopes.get(team, [])
         )
 
+    def audit_q(self, with_exchange=True):
+        """Over audit windows and evidence (``exchange``, ``consumer_group`` columns; input
+        gaps have only the group): a team sees the rows of the exchanges its exchange patterns
+        match and of the consumer groups (one queue each) its queue patterns match. The audit
+        reads logs, which carry no vhost: the patterns alone decide."""
+        if self.teams is None:
+            return Q()
+        combined = NOTHING
+        for team in self.team_ids():
+            for scope in self.scopes.get(team, []):
+                if scope.queue_pattern:
+                    combined |= Q(consumer_group__regex=glob_to_regex(scope.queue_pattern))
+                if scope.exchange_pattern and with_exchange:
+                    combined |= Q(exchange__regex=glob_to_regex(scope.exchange_pattern))
+        return combined
+
     def where_sql(self, minimum=Role.VIEWER):
         """``q()`` over recovery_message as (SQL, params), for the raw queries."""
         query = Message.objects.filter(self.q(minimum)).query

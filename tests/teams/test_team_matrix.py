@@ -9,6 +9,7 @@ parameter, by its name, is written down (``PARAMETERS``); a parameter it does no
 the test, so a new route is never skipped silently.
 """
 
+import datetime
 import json
 import re
 
@@ -22,6 +23,10 @@ from recovery.models import (
     Activity,
     AlertRule,
     ApiToken,
+    AuditEvidence,
+    AuditInputGap,
+    AuditRun,
+    AuditWindow,
     Membership,
     Message,
     NotificationChannel,
@@ -37,14 +42,24 @@ A_BASE = 7_300_000
 A_IDS = [A_BASE + 1, A_BASE + 2, A_BASE + 3]
 A_QUEUE = "payments.cards"
 A_EXCHANGE = "payments"
-A_SECRETS = ["payments.cards", "4111-SECRET-PAN", "msg-team-a-", "a-rule-watch", "a-channel"]
+A_SECRETS = [
+    "payments.cards",
+    "4111-SECRET-PAN",
+    "msg-team-a-",
+    "a-rule-watch",
+    "a-channel",
+    "a-audit-error",
+    "payments-ledger",
+]
 B_QUEUE = "search.index"
+# A day's audit run is every team's (each sees its own windows of it): not one of A's ids.
+SHARED_RUN = 7_200_001
 A_GROUP = "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a"
 
 # How to fill a URL parameter, by name (console routes and API paths alike).
 PARAMETERS = {
-    "pk": A_IDS,
-    "id": A_IDS,
+    "pk": [*A_IDS, SHARED_RUN],
+    "id": [*A_IDS, SHARED_RUN],
     "path": ["v0/messages"],
     "what": ["team", "scope", "member"],
     # Django admin's own routes (staff only; team members are not staff).
@@ -104,7 +119,9 @@ def teams(db):
     # Team A, every object with an id from A_BASE on.
     _move_sequences(A_BASE)
     team_a = Team.objects.create(name="payments")
-    TeamScope.objects.create(team=team_a, vhost="/", queue_pattern="payments.*")
+    TeamScope.objects.create(
+        team=team_a, vhost="/", queue_pattern="payments.*", exchange_pattern=A_EXCHANGE
+    )
     a_user = make_user("a-operator-user", None)
     Membership.objects.create(user=a_user, team=team_a, role="operator")
     a_messages = [
@@ -133,6 +150,7 @@ def teams(db):
         name="a-rule-watch", kind="open_messages", vhost="/", queue=A_QUEUE, team=team_a
     )
     rule.channels.add(channel)
+    _audit_of_a()
     return {
         "a_user": a_user,
         "b_user": b_user,
@@ -140,6 +158,40 @@ def teams(db):
         "b_tokens": b_tokens,
         "a": a_messages,
     }
+
+
+def _audit_of_a():
+    """A run whose every window, gap and piece of evidence is A's (exchange, consumer group),
+    and whose run-wide error, totals (a figure equal to one of A's ids) and manifest name
+    them."""
+    run = AuditRun.objects.create(
+        pk=SHARED_RUN,
+        date=datetime.date(2026, 11, 20),
+        status=AuditRun.State.FAILED,
+        error="a-audit-error in payments-ledger",
+        totals={"distinct_published": 7_300_001},
+        manifest={"files": ["payments-ledger.jsonl"]},
+    )
+    start = datetime.datetime(2026, 11, 20, 3, tzinfo=datetime.UTC)
+    AuditWindow.objects.create(
+        run=run,
+        window_start=start,
+        exchange=A_EXCHANGE,
+        consumer_group="payments-ledger",
+        status="FINAL",
+        metrics={"lost": 1},
+    )
+    AuditEvidence.objects.create(
+        run=run,
+        kind="lost",
+        window_start=start,
+        exchange=A_EXCHANGE,
+        consumer_group="payments-ledger",
+        message_id="msg-team-a-lost",
+    )
+    AuditInputGap.objects.create(
+        run=run, hour=start, side="consumer", process="p1", consumer_group="payments-ledger"
+    )
 
 
 def _snapshot():
@@ -275,7 +327,14 @@ def test_team_b_sees_and_changes_nothing_of_team_a(teams, settings):
     assert B_QUEUE in session.get("/messages/").content.decode()
     # And A's member does see A's: the pages above were scoped, not blank.
     session.force_login(teams["a_user"])
-    for path in ("/messages/", "/alerts/", "/jobs/", f"/messages/{A_IDS[0]}/"):
+    for path in (
+        "/messages/",
+        "/alerts/",
+        "/jobs/",
+        f"/messages/{A_IDS[0]}/",
+        f"/audits/{SHARED_RUN}/",
+        f"/audits/{SHARED_RUN}/evidence",
+    ):
         assert _leaks(session.get(path), path), path
 
 

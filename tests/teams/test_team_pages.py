@@ -1,10 +1,21 @@
 """What a team member gets from the pages and the API (#31): their own messages, figures,
 groups and jobs; 404 for another team's message; everything for users in no team."""
 
+import datetime
+
 import pytest
 
 from recovery.collector.health import without_error_text
-from recovery.models import Activity, ApiToken, Membership, Role, Team, TeamScope
+from recovery.models import (
+    Activity,
+    ApiToken,
+    AuditRun,
+    AuditWindow,
+    Membership,
+    Role,
+    Team,
+    TeamScope,
+)
 from tests.helpers import make_message, make_user
 
 pytestmark = pytest.mark.django_db
@@ -49,7 +60,7 @@ def test_a_team_token_reads_its_team_through_the_api(client, stores):
     assert client.get(f"/api/v1/messages/{stores['theirs'][0].pk}", **auth).status_code == 404
     # Routes not scoped refuse team callers rather than show everything.
     assert client.get("/api/v1/broker", **auth).status_code == 403
-    assert client.get("/api/v1/audits", **auth).status_code == 403
+    assert client.get("/api/v1/uncovered-queues", **auth).status_code == 403
 
 
 def test_users_in_no_team_see_everything_as_before(client, stores):
@@ -187,3 +198,29 @@ def test_a_member_is_told_the_collector_failed_but_not_its_error_text():
     hidden = without_error_text(health)
     assert hidden["sources"] == [{"last_error": "(hidden)", "errors": 1}]
     assert hidden["threads"] == [{"last_error": "", "errors": 0}]
+
+
+def test_a_member_sees_the_audit_of_their_exchanges_and_groups_only(client, stores):
+    TeamScope.objects.filter(team=stores["team"]).update(exchange_pattern="pay")
+    run = AuditRun.objects.create(
+        date=datetime.date(2026, 11, 20), status="succeeded", totals={"lost": 5}
+    )
+    start = datetime.datetime(2026, 11, 20, 3, tzinfo=datetime.UTC)
+    for exchange, group, lost in [("pay", "ledger", 0), ("hr", "pay.audit", 0), ("hr", "hr", 5)]:
+        AuditWindow.objects.create(
+            run=run,
+            window_start=start,
+            exchange=exchange,
+            consumer_group=group,
+            status="FINAL",
+            metrics={"lost": lost, "unclaimed": 2 if exchange == "pay" else 0},
+        )
+    raw = ApiToken.issue(stores["payer"], team=stores["team"])[1]
+    seen = client.get(f"/api/v1/audits/{run.pk}", HTTP_AUTHORIZATION=f"Token {raw}").json()
+    assert {(w["exchange"], w["consumer_group"]) for w in seen["windows"]} == {
+        ("pay", "ledger"),
+        ("hr", "pay.audit"),
+    }
+    assert seen["totals"] == {}  # the whole broker's
+    assert seen["warnings"] == [{"code": "unclaimed", "count": 2}]
+    assert seen["outcome"] == "succeeded_with_warnings"  # never a plain success
