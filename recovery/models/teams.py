@@ -45,6 +45,14 @@ def glob_to_regex(pattern):
     return "^" + "".join(out) + "$"
 
 
+def _name_q(column, pattern):
+    """A glob without wildcards is an equality, which the (column, collected_at) indexes
+    serve; any other is an anchored regex (``~``)."""
+    if "*" not in pattern and "?" not in pattern:
+        return Q(**{column: pattern})
+    return Q(**{f"{column}__regex": glob_to_regex(pattern)})
+
+
 def validate_pattern(value):
     """A bad pattern is a form (or API 400) error, never a 500."""
     if len(value) > PATTERN_MAX_LENGTH:
@@ -91,9 +99,9 @@ class TeamScope(models.Model):
     def q(self):
         names = NOTHING
         if self.queue_pattern:
-            names |= Q(source_queue__regex=glob_to_regex(self.queue_pattern))
+            names |= _name_q("source_queue", self.queue_pattern)
         if self.exchange_pattern:
-            names |= Q(source_exchange__regex=glob_to_regex(self.exchange_pattern))
+            names |= _name_q("source_exchange", self.exchange_pattern)
         return Q(vhost=self.vhost) & names
 
     def matches(self, vhost, queue, exchange):
@@ -229,9 +237,9 @@ class Scope:
         for team in self.team_ids():
             for scope in self.scopes.get(team, []):
                 if scope.queue_pattern:
-                    combined |= Q(consumer_group__regex=glob_to_regex(scope.queue_pattern))
+                    combined |= _name_q("consumer_group", scope.queue_pattern)
                 if scope.exchange_pattern and with_exchange:
-                    combined |= Q(exchange__regex=glob_to_regex(scope.exchange_pattern))
+                    combined |= _name_q("exchange", scope.exchange_pattern)
         return combined
 
     def where_sql(self, minimum=Role.VIEWER):
