@@ -178,8 +178,8 @@ class Scope:
         if not user or not user.is_authenticated or not user.is_active:
             return cls(None, teams={})
         role = global_role_of(user)
-        if role == Role.ADMIN:
-            return cls(role)
+        if role == Role.ADMIN and team_id is None:
+            return cls(role)  # an admin's token acting as a team is narrowed like anyone's
         memberships = Membership.objects.filter(user=user).select_related("team")
         acting = None
         if team_id is not None:

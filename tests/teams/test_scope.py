@@ -97,9 +97,13 @@ def test_an_exchange_pattern_covers_unroutable_messages():
     assert list(Scope.of(user).messages()) == [unroutable]
 
 
-def test_admins_stay_global_whatever_their_teams():
-    admin = member("boss", team("payments", "pay.*"), global_role=Role.ADMIN)
+def test_admins_stay_global_whatever_their_teams_but_their_team_tokens_do_not():
+    payments = team("payments", "pay.*")
+    admin = member("boss", payments, role="viewer", global_role=Role.ADMIN)
     assert Scope.of(admin).is_global and Scope.of(admin).role == Role.ADMIN
+    token, _raw = ApiToken.issue(admin, team=payments)
+    narrowed = Scope.of(admin, token.team_id)
+    assert narrowed.team_ids() == [payments.pk] and narrowed.role == Role.VIEWER
 
 
 def test_a_team_token_is_narrower_never_wider():
