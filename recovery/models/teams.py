@@ -181,13 +181,12 @@ class Scope:
         if role == Role.ADMIN and team_id is None:
             return cls(role)  # an admin's token acting as a team is narrowed like anyone's
         memberships = Membership.objects.filter(user=user).select_related("team")
-        acting = None
         if team_id is not None:
             memberships = memberships.filter(team_id=team_id)
-            acting = Team.objects.filter(pk=team_id).first()
-        elif not memberships.exists():
-            return cls(role)
         teams = {m.team_id: Role(m.role) for m in memberships}
+        if team_id is None and not teams:
+            return cls(role)
+        acting = Team.objects.filter(pk=team_id).first() if team_id is not None else None
         scopes = {}
         for scope in TeamScope.objects.filter(team_id__in=teams):
             scopes.setdefault(scope.team_id, []).append(scope)
