@@ -132,6 +132,18 @@ class Membership(models.Model):
             models.UniqueConstraint(fields=["user", "team"], name="membership_user_team")
         ]
 
+    def save(self, *args, **kwargs):
+        """Joining a team drops the user's global viewer/operator role (not admin): it no
+        longer applies, and leaving every team (or the team's deletion) must not give them
+        every message back. They have no role then until an admin sets one."""
+        from django.contrib.auth.models import Group
+
+        if self._state.adding:
+            self.user.groups.remove(
+                *Group.objects.filter(name__in=[Role.VIEWER.value, Role.OPERATOR.value])
+            )
+        super().save(*args, **kwargs)
+
 
 def role_of(user):
     """The strongest role a user holds: their global role while they are in no team, else the

@@ -162,3 +162,11 @@ def test_the_migration_keeps_every_existing_user_and_token_as_it_was():
     token = ApiToken.objects.get(digest="d")
     assert token.team is None and not Team.objects.exists()
     assert role_of(token.user) == Role.OPERATOR and Scope.of(token.user).is_global
+
+
+def test_leaving_every_team_leaves_no_role_not_the_old_global_one():
+    payments = team("payments", "pay.*")
+    user = member("leaver", payments, global_role=Role.OPERATOR)
+    make_message(source_queue="hr.payroll")
+    payments.delete()
+    assert role_of(user) is None and Scope.of(user).messages().count() == 0
