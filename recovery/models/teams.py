@@ -138,10 +138,10 @@ class Membership(models.Model):
         every message back. They have no role then until an admin sets one."""
         from django.contrib.auth.models import Group
 
-        if self._state.adding:
-            self.user.groups.remove(
-                *Group.objects.filter(name__in=[Role.VIEWER.value, Role.OPERATOR.value])
-            )
+        # On every save: a membership moved to another user (PUT) drops theirs as well.
+        self.user.groups.remove(
+            *Group.objects.filter(name__in=[Role.VIEWER.value, Role.OPERATOR.value])
+        )
         super().save(*args, **kwargs)
 
 
