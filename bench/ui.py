@@ -14,6 +14,10 @@ its target:
     groups (API)       < 200 ms (ours; the issues name none)
     /metrics scrape    < 100 ms      alert evaluation cycle (20 rules) < 100 ms
 
+Then (issue #31) the message list, search and detail as a member of a team scoped to a tenth of
+the queues (the glob ``orders.1?``: 2 of the 16) against a user in no team, on the same URLs
+(all inside the team's scope): ``team p95 / global p95`` (the issue asks for at most 1.2).
+
 Beside each, the bare SQL a page cannot do without (psycopg, same database, same run) as
 ``page / raw``; for the overview and the groups that raw query is the GROUP BY over the messages
 that the MessageCount rollup replaces. Prints, never asserts.
@@ -437,6 +441,65 @@ def main():
     )
     live = p95(time_requests(client, ["/overview/live"] * 20))
     print(f"\n(overview's live fragment, broker round trips: p95 {live:.1f} ms; no target)")
+
+    print(f"\n{'team page':<10} {'global p95':>10} {'team p95':>9} {'team/global':>12}  (#31)")
+    for name, unscoped, scoped in team_comparison(args.runs, rng):
+        print(f"{name:<10} {unscoped:10.1f} {scoped:9.1f} {scoped / unscoped:12.2f}", flush=True)
+
+
+TEAM_QUEUES = ("orders.10", "orders.11")
+
+
+def team_comparison(runs, rng):
+    """#31: the same list, search and detail URLs, inside a team's scope, timed for a member of
+    that team and for a user in no team: (name, global p95, team p95) per page."""
+    from django.contrib.auth import get_user_model
+
+    from recovery.models import Membership, Team, TeamScope, set_role
+
+    team, _ = Team.objects.get_or_create(name="bench-tenth")
+    TeamScope.objects.get_or_create(team=team, vhost="/", queue_pattern="orders.1?")
+    users = get_user_model().objects
+    member, _ = users.get_or_create(username="bench-member")
+    Membership.objects.get_or_create(user=member, team=team, defaults={"role": "viewer"})
+    outsider, _ = users.get_or_create(username="bench-viewer")
+    set_role(outsider, "viewer")
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT id, message_id FROM recovery_message TABLESAMPLE SYSTEM (2) "
+            "WHERE source_queue = ANY(%s) LIMIT %s",
+            [list(TEAM_QUEUES), runs],
+        )
+        sample = cur.fetchall()
+    lists = [
+        {"status": "pending"},
+        {"queue": rng.choice(TEAM_QUEUES), "status": "pending"},
+        {"reason": "expired"},
+        {"queue": rng.choice(TEAM_QUEUES), "reason": "rejected"},
+        {"kind": "dead_letter"},
+    ]
+    pages = {
+        "list": [
+            "/messages/?" + urllib.parse.urlencode(lists[i % len(lists)]) for i in range(runs)
+        ],
+        "search": [f"/messages/?q={message_id}" for _pk, message_id in sample],
+        "detail": [f"/messages/{pk}/" for pk, _message_id in sample],
+    }
+    clients = {}
+    for who, user in (("global", outsider), ("team", member)):
+        clients[who] = Client()
+        clients[who].force_login(user)
+    results = []
+    for name, urls in pages.items():
+        timed = {"global": [], "team": []}
+        for who in timed:
+            time_requests(clients[who], urls[:5])
+        # Interleaved, one URL each in turn: a load spike on this shared machine costs both.
+        for url in urls:
+            for who in timed:
+                timed[who] += time_requests(clients[who], [url])
+        results.append((name, p95(timed["global"]), p95(timed["team"])))
+    return results
 
 
 def private_vhost():

@@ -4,14 +4,17 @@ from functools import wraps
 
 from django.core.exceptions import PermissionDenied
 
-from recovery.models import Role, has_role
+from recovery.models import Role, scope_of
 
 
 def role_required(role):
+    """The caller's role: their global one, or while they are in a team their strongest team
+    role (``Scope``, computed once per request and reused by the view)."""
+
     def decorator(view):
         @wraps(view)
         def wrapper(request, *args, **kwargs):
-            if not has_role(request.user, role):
+            if not scope_of(request).has_role(role):
                 raise PermissionDenied(f"requires the {role} role")
             return view(request, *args, **kwargs)
 

@@ -1,3 +1,9 @@
+from django.http import Http404
+
+from recovery.models import scope_of
+from recovery.models.access import ACTING_TEAM
+
+
 class ContentSecurityPolicyMiddleware:
     """Scripts and styles only from our own origin: an injected <script> in a body is inert.
 
@@ -23,3 +29,33 @@ class ContentSecurityPolicyMiddleware:
         docs = request.path.startswith("/api/docs")
         response.setdefault("Content-Security-Policy", self.DOCS_POLICY if docs else self.POLICY)
         return response
+
+
+class TeamScopeMiddleware:
+    """Fails closed for team callers: a console view answers a user in a team only when it is
+    marked ``team_scoped`` (it reads and writes through ``Scope``); any other view, one added
+    later included, is a 404 for them. Django's own views (login, admin: staff only) and the
+    API schema carry no messages; API views are gated by ``RolePermission`` after their token
+    is read."""
+
+    EXEMPT_MODULES = ("django.", "drf_spectacular.")
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        # A worker thread serves the next request with the same context: start it clean.
+        reset = ACTING_TEAM.set(None)
+        try:
+            return self.get_response(request)
+        finally:
+            ACTING_TEAM.reset(reset)
+
+    def process_view(self, request, view_func, view_args, view_kwargs):
+        if hasattr(view_func, "cls") or getattr(view_func, "team_scoped", False):
+            return None
+        if view_func.__module__.startswith(self.EXEMPT_MODULES):
+            return None
+        if not request.user.is_authenticated or scope_of(request).is_global:
+            return None
+        raise Http404("not available to team members")

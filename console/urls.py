@@ -19,6 +19,7 @@ from console.views import (
     metrics,
     overview,
     quarantine,
+    teams,
     users,
 )
 from recovery.api.errors import api_not_found
@@ -64,6 +65,12 @@ urlpatterns = [
     path("users/unlock", users.user_unlock, name="user-unlock"),
     path("decoders/", decoders.decoder_list, name="decoders"),
     path("decoders/<int:pk>/delete", decoders.decoder_delete, name="decoder-delete"),
+    path("teams/", teams.team_list, name="teams"),
+    path(
+        "teams/<str:what>/<int:pk>/delete",
+        teams.team_delete,
+        name="team-delete",
+    ),
     path("audits/", audits.audit_list, name="audits"),
     path("audits/<int:pk>/", audits.audit_detail, name="audit"),
     path("audits/<int:pk>/evidence", audits.audit_evidence, name="audit-evidence"),

@@ -73,6 +73,14 @@ class AlertRuleForm(forms.ModelForm):
         if "params" in data and data.get("kind"):
             for problem in params_problems(data["kind"], data["params"]):
                 self.add_error("params", problem)
+        if self.instance.team_id is not None:  # a team's rule (made through the API)
+            fields = ("kind", "vhost", "queue", "exchange")
+            rule = AlertRule(
+                team_id=self.instance.team_id,
+                **{name: data.get(name, getattr(self.instance, name)) for name in fields},
+            )
+            for field, problem in rule.team_problems(data.get("channels") or []).items():
+                self.add_error(field if field in self.fields else None, problem)
         return data
 
     def clean_for_seconds(self):

@@ -7,11 +7,12 @@ from django.views.decorators.http import require_GET
 from console.access import viewer_required
 from console.forms.people import ActivityFilterForm
 from console.views.paging import newest_first_page, query_without
-from recovery.models import Activity
+from recovery.models import Activity, scope_of, team_scoped
 
 PAGE_SIZE = 100
 
 
+@team_scoped
 @login_required
 @viewer_required
 @require_GET
@@ -19,7 +20,9 @@ def activity_list(request):
     form = ActivityFilterForm(request.GET)
     rows, next_before = [], None
     if form.is_valid():
-        queryset = form.apply(Activity.objects.select_related("user", "message", "job"))
+        queryset = scope_of(request).activity(
+            form.apply(Activity.objects.select_related("user", "message", "job", "acting_team"))
+        )
         page = newest_first_page(queryset, request.GET.get("before"), PAGE_SIZE, "created_at")
         rows, next_before = page.rows, page.next_before
     ctx = {

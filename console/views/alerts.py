@@ -15,17 +15,26 @@ from console.access import admin_required, viewer_required
 from console.forms.alerts import AlertRuleForm, MuteForm, NotificationChannelForm
 from recovery.alerts.deliver import send_test
 from recovery.broker.coverage import uncovered_everywhere
-from recovery.models import Activity, AlertRule, NotificationChannel, has_role
+from recovery.models import (
+    Activity,
+    AlertRule,
+    NotificationChannel,
+    has_role,
+    scope_of,
+    team_scoped,
+)
 
 
 def _log(request, action, **detail):
     Activity.objects.create(user=request.user, action=action, via="console", detail=detail)
 
 
+@team_scoped
 @login_required
 @viewer_required
 @require_http_methods(["GET", "POST"])
 def alert_list(request):
+    """Everyone sees the rules and channels of their scope (a team member: their teams')."""
     is_admin = has_role(request.user, "admin")
     rule_form = AlertRuleForm(request.POST or None, prefix="rule")
     channel_form = NotificationChannelForm(request.POST or None, prefix="channel")
@@ -46,13 +55,14 @@ def alert_list(request):
             if form is channel_form and saved.kind == NotificationChannel.Kind.WEBHOOK:
                 _show_secret_once(request, saved)
             return redirect("alerts")
-    rules = AlertRule.objects.prefetch_related("channels")
+    scope = scope_of(request)
+    rules = scope.owned(AlertRule.objects.prefetch_related("channels"))
     return render(
         request,
         "alerts/list.html",
         {
             "rules": rules,
-            "channels": NotificationChannel.objects.all(),
+            "channels": scope.owned(NotificationChannel.objects.all()),
             # Set by a create or a rotate just before, and shown on this page load only.
             "new_secret": request.session.pop(SECRET_SESSION_KEY, None) if is_admin else None,
             "rule_form": rule_form,
@@ -82,11 +92,12 @@ def _show_secret_once(request, channel):
     }
 
 
+@team_scoped
 @login_required
 @viewer_required
 @require_http_methods(["GET", "POST"])
 def alert_detail(request, pk):
-    rule = get_object_or_404(AlertRule, pk=pk)
+    rule = get_object_or_404(scope_of(request).owned(AlertRule.objects.all()), pk=pk)
     form = AlertRuleForm(request.POST or None, instance=rule, prefix="rule")
     if request.method == "POST":
         if not has_role(request.user, "admin"):

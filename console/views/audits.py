@@ -11,7 +11,7 @@ from django.views.decorators.http import require_GET
 
 from console.access import viewer_required
 from console.forms.audits import EvidenceFilterForm
-from recovery.models import AuditRun, Message
+from recovery.models import AuditRun, Message, scope_of, team_scoped
 
 RUNS_PER_PAGE = 50
 EVIDENCE_PER_PAGE = 200
@@ -53,6 +53,7 @@ WINDOW_COLUMNS = (
 )
 
 
+@team_scoped
 @login_required
 @viewer_required
 @require_GET
@@ -66,6 +67,9 @@ def audit_list(request):
                 date=anchor.date, revision__gte=anchor.revision
             )
     runs = list(runs[: RUNS_PER_PAGE + 1])
+    scope = scope_of(request)
+    if not scope.is_global:
+        runs = [run.narrowed_to(scope.audit_q()) for run in runs]
     next_before = runs[RUNS_PER_PAGE - 1].pk if len(runs) > RUNS_PER_PAGE else None
     rows = with_days_not_run(runs[:RUNS_PER_PAGE], newest=None if before else yesterday())
     return render(
@@ -133,12 +137,16 @@ def hourly_charts(windows):
     }
 
 
+@team_scoped
 @login_required
 @viewer_required
 @require_GET
 def audit_detail(request, pk):
+    scope = scope_of(request)
     run = get_object_or_404(AuditRun, pk=pk)
-    windows = list(run.windows.all())
+    if not scope.is_global:
+        run.narrowed_to(scope.audit_q())
+    windows = list(run.windows.filter(scope.audit_q()))
     revisions = (
         AuditRun.objects.filter(date=run.date)
         .order_by("-revision")
@@ -146,7 +154,10 @@ def audit_detail(request, pk):
     )
     evidence_counts = {
         row["kind"]: row["n"]
-        for row in run.evidence.values("kind").annotate(n=Count("id")).order_by("kind")
+        for row in run.evidence.filter(scope.audit_q())
+        .values("kind")
+        .annotate(n=Count("id"))
+        .order_by("kind")
     }
     rows = [
         {
@@ -166,20 +177,22 @@ def audit_detail(request, pk):
         "totals": sorted(run.totals.items()),
         "revisions": revisions,
         "evidence_counts": sorted(evidence_counts.items()),
-        "gaps": run.input_gaps.all()[:100],
+        "gaps": run.input_gaps.filter(scope.audit_q(with_exchange=False))[:100],
     }
     return render(request, "audits/detail.html", ctx)
 
 
+@team_scoped
 @login_required
 @viewer_required
 @require_GET
 def audit_evidence(request, pk):
+    scope = scope_of(request)
     run = get_object_or_404(AuditRun, pk=pk)
     form = EvidenceFilterForm(request.GET)
     rows, next_after = [], None
     if form.is_valid():
-        queryset = form.apply(run.evidence.order_by("id"))
+        queryset = form.apply(run.evidence.filter(scope.audit_q()).order_by("id"))
         after = request.GET.get("after", "")
         if after.isdigit():
             queryset = queryset.filter(id__gt=int(after))

@@ -10,7 +10,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from console.access import viewer_required
-from recovery.models import Kind, MessageTotal, Reason, group_details
+from recovery.models import Kind, MessageTotal, Reason, group_details, scope_of, team_scoped
 from recovery.search.groups import group_counts
 
 PAGE_SIZE = 100
@@ -42,14 +42,16 @@ class GroupFilterForm(forms.Form):
         return queryset
 
 
-def group_rows(form):
+def group_rows(form, scope):
     # The totals, not the hours: a row per key (tens of thousands at 10k groups, not ~450k),
     # with each key's newest time kept (recovery.models.MessageTotal) for "most recent".
     return group_counts(
-        form.apply(MessageTotal.objects.all()), open_only=form.cleaned_data.get("open_only")
+        form.apply(MessageTotal.objects.filter(scope.q())),
+        open_only=form.cleaned_data.get("open_only"),
     )
 
 
+@team_scoped
 @login_required
 @viewer_required
 @require_GET
@@ -59,7 +61,8 @@ def group_list(request):
     if form.is_valid():
         page = form.cleaned_data.get("page") or 1
         sort = form.cleaned_data.get("sort") or "open"
-        rows = group_rows(form)
+        scope = scope_of(request)
+        rows = group_rows(form, scope)
         if sort == "recent":
             rows = rows.annotate(newest=Max("last_at")).order_by("-newest", "group_key")
         elif sort == "total":
@@ -69,7 +72,7 @@ def group_list(request):
         chunk = list(rows[(page - 1) * PAGE_SIZE : page * PAGE_SIZE + 1])
         has_more = len(chunk) > PAGE_SIZE
         chunk = chunk[:PAGE_SIZE]
-        details = group_details([row["group_key"] for row in chunk])
+        details = group_details([row["group_key"] for row in chunk], scope.where_sql())
         # A group whose messages are all gone (retention) has no details: it is not shown.
         groups = [
             {**row, **details[row["group_key"]]} for row in chunk if row["group_key"] in details

@@ -18,6 +18,7 @@ from django.views.decorators.http import require_GET
 from recovery.api.auth import HashedTokenAuthentication
 from recovery.broker.connection import connect
 from recovery.collector.health import collector_health
+from recovery.models import team_scoped
 from recovery.search import index as search_index
 
 PROBE_TIMEOUT_S = 3
@@ -62,12 +63,14 @@ def healthz(request):
     return JsonResponse(report, status=200 if ok else 503)
 
 
+@team_scoped  # up or down only: nothing of any team's
 @require_GET
 def livez(request):
     """Liveness: the process answers requests. Touches neither the database nor the broker."""
     return JsonResponse({"ok": True})
 
 
+@team_scoped
 @require_GET
 def readyz(request):
     """Readiness: the database answers with every migration applied, and the broker accepts a
@@ -94,5 +97,6 @@ def readyz(request):
     return JsonResponse({"ok": ok, **checks}, status=200 if ok else 503)
 
 
+@team_scoped
 def favicon(request):
     return HttpResponse(status=204)

@@ -12,7 +12,7 @@ from console.access import operator_required, viewer_required
 from console.forms.replay import MAX_BULK_IDS, JobForm, add_engine_errors
 from console.views.paging import newest_first_page, query_without
 from recovery.errors import ReplayError
-from recovery.models import Message, ReplayJob, ReplayJobItem, Role, has_role
+from recovery.models import Message, ReplayJob, ReplayJobItem, Role, scope_of, team_scoped
 from recovery.replay.jobs import create_job, describe_target, dry_run
 from recovery.replay.safety import job_breaker
 
@@ -20,12 +20,13 @@ PAGE_SIZE = 50
 POLL_SECONDS = 1
 
 
+@team_scoped
 @login_required
 @viewer_required
 @require_GET
 def job_list(request):
     page = newest_first_page(
-        ReplayJob.objects.select_related("created_by"),
+        scope_of(request).jobs(ReplayJob.objects.select_related("created_by")),
         request.GET.get("before"),
         PAGE_SIZE,
         "created_at",
@@ -44,7 +45,7 @@ def job_list(request):
     return render(request, template, ctx)
 
 
-def _selection_summary(form):
+def _selection_summary(form, scope):
     """What the job will replay, in words, for the form page."""
     if not form.is_valid():
         return ""
@@ -53,7 +54,7 @@ def _selection_summary(form):
         return f"{len(selection['message_ids'])} selected message(s)"
     if "group_key" in selection:
         label = (
-            Message.objects.filter(group_key=selection["group_key"])
+            scope.messages(Message.objects.filter(group_key=selection["group_key"]))
             .values_list("group_label", flat=True)
             .first()
         )
@@ -61,18 +62,22 @@ def _selection_summary(form):
     return "messages matching " + ", ".join(f"{k}={v}" for k, v in selection["filters"].items())
 
 
+@team_scoped
 @login_required
 @viewer_required
 @require_http_methods(["GET", "POST"])
 def job_new(request):
     """The job form. GET with ``preview`` runs a dry run; POST (operators) starts the job."""
-    if request.method == "POST" and not has_role(request.user, Role.OPERATOR):
+    scope = scope_of(request)
+    if request.method == "POST" and not scope.has_role(Role.OPERATOR):
         raise PermissionDenied("requires the operator role")
     if request.method == "POST":
         form = JobForm(request.POST)
         if form.is_valid():
             try:
-                job = create_job(request.user, **form.selection(), **form.options(), via="console")
+                job = create_job(
+                    request.user, **form.selection(), **form.options(), via="console", scope=scope
+                )
             except ValidationError as exc:
                 add_engine_errors(form, exc)
             else:
@@ -86,7 +91,7 @@ def job_new(request):
         # cancelled job's "Replay the rest…") shows what it would send before "Start job".
         if (request.GET.get("preview") or _names_selection(request.GET)) and form.is_valid():
             try:
-                preview = dry_run(**form.selection(), **form.options())
+                preview = dry_run(scope, **form.selection(), **form.options())
             except ValidationError as exc:
                 add_engine_errors(form, exc)
     if preview is not None:
@@ -94,7 +99,7 @@ def job_new(request):
     ctx = {
         "form": form,
         "preview": preview,
-        "summary": _selection_summary(form),
+        "summary": _selection_summary(form, scope),
         "defaults": {
             "canary": settings.REPLAY_CANARY_MAX_FAILURE_PCT,
             "breaker": settings.REPLAY_BREAKER_THRESHOLD_PCT,
@@ -136,11 +141,14 @@ def latest_attempts(job):
     )
 
 
+@team_scoped
 @login_required
 @viewer_required
 @require_GET
 def job_detail(request, pk):
-    job = get_object_or_404(ReplayJob.objects.select_related("created_by"), pk=pk)
+    job = get_object_or_404(
+        scope_of(request).jobs(ReplayJob.objects.select_related("created_by")), pk=pk
+    )
     ctx = {
         "job": job,
         "target": describe_target(job),
@@ -159,7 +167,7 @@ def job_detail(request, pk):
 
 
 def _job_action(request, pk, method_name, done_message):
-    job = get_object_or_404(ReplayJob, pk=pk)
+    job = get_object_or_404(scope_of(request).jobs(ReplayJob.objects.all(), Role.OPERATOR), pk=pk)
     error = None
     try:
         getattr(job, method_name)(request.user, via="console")
@@ -186,6 +194,7 @@ def _job_action(request, pk, method_name, done_message):
     return redirect("job", pk=job.pk)
 
 
+@team_scoped
 @login_required
 @operator_required
 @require_POST
@@ -193,6 +202,7 @@ def job_cancel(request, pk):
     return _job_action(request, pk, "cancel", "Job #{job.pk} cancelled.")
 
 
+@team_scoped
 @login_required
 @operator_required
 @require_POST

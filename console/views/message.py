@@ -16,7 +16,14 @@ from console.forms.replay import DiscardForm, EditReplayForm, TargetForm, add_en
 from recovery.bodies import applies, decode_message
 from recovery.client import headers as header_codec
 from recovery.errors import BrokerUnavailable, ReplayError
-from recovery.models import Message, attach_died_again, mark_died_again
+from recovery.models import (
+    Message,
+    Role,
+    attach_died_again,
+    mark_died_again,
+    scope_of,
+    team_scoped,
+)
 from recovery.replay import (
     STRIPPED_HEADERS,
     discard_message,
@@ -111,7 +118,7 @@ def death_timeline(message):
     return list(reversed(entries))
 
 
-def _detail_context(message, target_form=None, discard_form=None, error=None):
+def _detail_context(message, scope, target_form=None, discard_form=None, error=None):
     exchange, routing_key = message.default_target()
     attach_died_again([message])  # afresh: after a replay the cached answer is stale
     return {
@@ -124,7 +131,10 @@ def _detail_context(message, target_form=None, discard_form=None, error=None):
             message, message.attempts.select_related("user", "edit__user")[:50]
         ),
         "activity": message.activity.select_related("user").order_by("-created_at", "-id")[:20],
-        "returns": message.returns.only("id", "collected_at", "status", "reason")[:20],
+        # Copies that died again elsewhere (replayed to another team's queue) stay theirs.
+        "returns": scope.messages(message.returns.only("id", "collected_at", "status", "reason"))[
+            :20
+        ],
         "default_exchange": exchange,
         "default_routing_key": routing_key,
         "target_form": target_form or TargetForm(),
@@ -133,12 +143,13 @@ def _detail_context(message, target_form=None, discard_form=None, error=None):
     }
 
 
+@team_scoped
 @login_required
 @viewer_required
 @require_GET
 def message_detail(request, pk):
-    message = get_object_or_404(Message, pk=pk)
-    context = _detail_context(message)
+    message = get_object_or_404(scope_of(request).messages(), pk=pk)
+    context = _detail_context(message, scope_of(request))
     # The list it came from (filters, page): parsed and encoded again, so it can only ever be a
     # query string for the message list.
     context["back"] = QueryDict(request.GET.get("back", "")).urlencode()
@@ -150,7 +161,7 @@ def _status_response(request, message, error=None, status=200, target_form=None,
     with the error or notice as a flash message."""
     message.refresh_from_db()
     if request.htmx:
-        ctx = _detail_context(message, target_form=target_form, error=error)
+        ctx = _detail_context(message, scope_of(request), target_form=target_form, error=error)
         ctx["notice"] = notice
         return render(request, "messages/detail.html#actions", ctx, status=status)
     if error:
@@ -168,12 +179,13 @@ def _error_text(exc):
     return str(exc)
 
 
+@team_scoped
 @login_required
 @operator_required
 @require_POST
 def message_replay(request, pk):
     """One-click replay, to the default target or the one chosen in the target form."""
-    message = get_object_or_404(Message, pk=pk)
+    message = get_object_or_404(scope_of(request).messages(minimum=Role.OPERATOR), pk=pk)
     form = TargetForm(request.POST)
     if not form.is_valid():
         error = " ".join(" ".join(e) for e in form.errors.values())
@@ -201,11 +213,12 @@ def _call_or_error(function, *args, **kwargs):
     return None
 
 
+@team_scoped
 @login_required
 @operator_required
 @require_POST
 def message_discard(request, pk):
-    message = get_object_or_404(Message, pk=pk)
+    message = get_object_or_404(scope_of(request).messages(minimum=Role.OPERATOR), pk=pk)
     form = DiscardForm(request.POST)
     form.is_valid()
     reason = form.cleaned_data.get("reason", "")
@@ -213,11 +226,12 @@ def message_discard(request, pk):
     return _status_response(request, message, error, 409 if error else 200)
 
 
+@team_scoped
 @login_required
 @operator_required
 @require_POST
 def message_restore(request, pk):
-    message = get_object_or_404(Message, pk=pk)
+    message = get_object_or_404(scope_of(request).messages(minimum=Role.OPERATOR), pk=pk)
     error = _call_or_error(restore_message, message, request.user, "console")
     return _status_response(request, message, error, 409 if error else 200)
 
@@ -228,12 +242,13 @@ def editable_headers(message):
     return json.dumps(shown, indent=2, ensure_ascii=False, sort_keys=True)
 
 
+@team_scoped
 @login_required
 @operator_required
 @require_http_methods(["GET", "POST"])
 def message_edit(request, pk):
     """Edit headers/body/target and replay once; the stored original is never changed."""
-    message = get_object_or_404(Message, pk=pk)
+    message = get_object_or_404(scope_of(request).messages(minimum=Role.OPERATOR), pk=pk)
     body = body_views(message.body_bytes)
     body_editable = body["text"] is not None and not body["text_truncated"]
     # A decodable document is edited decoded unless the operator asked for the raw text.
@@ -284,12 +299,15 @@ def message_edit(request, pk):
     return render(request, "messages/edit.html", ctx)
 
 
+@team_scoped
 @login_required
 @viewer_required
 @require_GET
 def message_body(request, pk):
     """The raw body bytes as a download: never rendered inline, whatever its content type says."""
-    message = get_object_or_404(Message.objects.only("id", "body"), pk=pk)
+    message = get_object_or_404(
+        scope_of(request).messages(Message.objects.only("id", "body")), pk=pk
+    )
     response = HttpResponse(message.body_bytes, content_type="application/octet-stream")
     response["Content-Disposition"] = f'attachment; filename="message-{message.pk}.bin"'
     return response

@@ -15,7 +15,15 @@ from console.access import operator_required, viewer_required
 from console.forms.replay import BulkActionForm
 from console.views.paging import newest_first_page, query_without
 from recovery.errors import ReplayError
-from recovery.models import DISCARDABLE, RESTORABLE, Message, attach_died_again
+from recovery.models import (
+    DISCARDABLE,
+    RESTORABLE,
+    Message,
+    Role,
+    attach_died_again,
+    scope_of,
+    team_scoped,
+)
 from recovery.replay import discard_matching, discard_message, restore_matching
 from recovery.replay.curation import names_a_filter
 from recovery.replay.jobs import create_job
@@ -44,10 +52,10 @@ LIST_COLUMNS = (
 )
 
 
-def _page(form, before):
+def _page(form, before, scope):
     """One newest-first page. A free-text search gets a time limit: a term made only of very
     common trigrams (short numbers, say) can make PostgreSQL recheck most of the store."""
-    queryset = form.apply(Message.objects.only(*LIST_COLUMNS))
+    queryset = scope.messages(form.apply(Message.objects.only(*LIST_COLUMNS)))
     if not form.cleaned_data.get("q"):
         page = newest_first_page(queryset, before, PAGE_SIZE, "collected_at")
         return attach_died_again(page.rows), page.next_before
@@ -58,6 +66,7 @@ def _page(form, before):
     return attach_died_again(page.rows), page.next_before
 
 
+@team_scoped
 @login_required
 @viewer_required
 @require_GET
@@ -66,7 +75,7 @@ def message_list(request):
     rows, next_before, search_error = [], None, None
     if form.is_valid():
         try:
-            rows, next_before = _page(form, request.GET.get("before"))
+            rows, next_before = _page(form, request.GET.get("before"), scope_of(request))
         except OperationalError:
             search_error = (
                 f"The search took longer than {SEARCH_TIMEOUT_MS // 1000} s and was stopped. "
@@ -101,6 +110,7 @@ def _back(request, fallback="messages"):
     return redirect(fallback)
 
 
+@team_scoped
 @login_required
 @operator_required
 @require_POST
@@ -116,7 +126,7 @@ def message_bulk(request):
         return redirect(reverse("job-new") + "?" + urlencode({"ids": ",".join(map(str, ids))}))
     if action == "replay":
         try:
-            job = create_job(request.user, message_ids=ids, via="console")
+            job = create_job(request.user, message_ids=ids, via="console", scope=scope_of(request))
         except ValidationError as exc:
             flash.error(request, "; ".join(exc.messages))
             return _back(request)
@@ -127,7 +137,8 @@ def message_bulk(request):
 
 def _discard_many(request, ids, reason):
     discarded, refused = 0, []
-    for message in Message.objects.filter(pk__in=ids).defer("body"):
+    operable = scope_of(request).messages(minimum=Role.OPERATOR)
+    for message in operable.filter(pk__in=ids).defer("body"):
         try:
             discard_message(message, request.user, "console", reason)
             discarded += 1
@@ -147,6 +158,7 @@ BY_FILTER = {
 }
 
 
+@team_scoped
 @login_required
 @operator_required
 @require_http_methods(["GET", "HEAD", "POST"])
@@ -163,14 +175,17 @@ def message_by_filter(request, action):
     if request.method == "POST" and named:
         extra = {"reason": request.POST.get("reason", "")} if action == "discard" else {}
         try:
-            changed, remaining = change(request.user, filters, "console", **extra)
+            changed, remaining = change(
+                request.user, filters, "console", scope=scope_of(request), **extra
+            )
         except ValidationError as exc:
             flash.error(request, "; ".join(exc.messages))
             return redirect(reverse("messages") + "?" + query)
         flash.success(request, f"{done} {changed} message(s).")
         if not remaining:
             return redirect(reverse("messages") + "?" + query)
-    count = form.apply(Message.objects.filter(status__in=statuses)).count() if named else 0
+    operable = scope_of(request).messages(minimum=Role.OPERATOR)
+    count = form.apply(operable.filter(status__in=statuses)).count() if named else 0
     return render(
         request,
         "messages/by_filter.html",

@@ -24,17 +24,21 @@ from recovery.broker.coverage import (
 )
 from recovery.broker.management import Management
 from recovery.broker.topology import DLX_POLICY, Names, broker_version
-from recovery.collector.health import collector_health
+from recovery.collector.health import collector_health, without_error_text
 from recovery.errors import ManagementError
 from recovery.models import (
     OPEN,
     Activity,
     AlertRule,
     Kind,
+    MessageCount,
+    MessageTotal,
     changing_groups,
     collected_since,
     hourly_sums,
     rollup_sums,
+    scope_of,
+    team_scoped,
 )
 
 TOP_SOURCES = 15
@@ -114,15 +118,21 @@ def trend(now, buckets, bucket_hours, hourly=None):
     }
 
 
-def what_changed(now):
+def what_changed(now, scope):
     """The first panel: what an operator woken at 3 a.m. asks first, from the database only (the
     broker-facing half is the live fragment): new and busiest failure groups with their hourly
     sparklines, messages collected in the last 15 and 60 minutes, the alert rules firing or
-    unable to check, and the broker tally's last hour and backlog (unknown when not sampled)."""
-    new, busiest = changing_groups(now)
-    state = tally.state(now)
-    last15, capped15 = collected_since(now - datetime.timedelta(minutes=15))
-    last60, capped60 = collected_since(now - datetime.timedelta(minutes=60))
+    unable to check, and the broker tally's last hour and backlog (unknown when not sampled).
+    A team sees its own groups, messages and rules; the tally is broker-wide, so not theirs."""
+    new, busiest = changing_groups(
+        now,
+        counts=MessageCount.objects.filter(scope.q()),
+        totals=MessageTotal.objects.filter(scope.q()),
+        where=scope.where_sql(),
+    )
+    state = tally.state(now) if scope.is_global else None
+    last15, capped15 = collected_since(now - datetime.timedelta(minutes=15), scope.messages())
+    last60, capped60 = collected_since(now - datetime.timedelta(minutes=60), scope.messages())
     return {
         "new_groups": new,
         "busiest_groups": busiest,
@@ -132,34 +142,41 @@ def what_changed(now):
         "capped60": capped60,
         "per_minute": round(last15 / 15, 1),
         "alerts": list(
-            AlertRule.objects.filter(state__in=[AlertRule.State.FIRING, AlertRule.State.UNKNOWN])
+            scope.owned(AlertRule.objects)
+            .filter(state__in=[AlertRule.State.FIRING, AlertRule.State.UNKNOWN])
             .order_by("state", "name")
             .only("id", "name", "state", "last_summary", "last_error")[:10]
         ),
         "tally": state,
-        "tally_known": not (state["stale"] or state["unreadable"]),
+        "tally_known": state is not None and not (state["stale"] or state["unreadable"]),
     }
 
 
+@team_scoped
 @login_required
 @viewer_required
 @require_GET
 def overview(request):
+    """A team sees its own figures: the count tables filtered by its scope."""
     now = timezone.now()
-    totals, hourly = rollup_sums()
+    scope = scope_of(request)
+    totals, hourly = rollup_sums(scope_q=scope.q())
     ctx = {
         **store_counts(totals),
-        "changed": what_changed(now),
+        "changed": what_changed(now, scope),
         "trend_24h": trend(now, 24, 1, hourly),
         "trend_7d": trend(now, 7, 24, hourly),
-        "activity": Activity.objects.select_related("user").order_by("-created_at", "-id")[:12],
+        "activity": scope.activity(Activity.objects.select_related("user")).order_by(
+            "-created_at", "-id"
+        )[:12],
         "now": now,
     }
     return render(request, "overview.html", ctx)
 
 
-def broker_queues():
-    """Depths of the recovery queues and of the application queues that dead-letter to us."""
+def broker_queues(scope):
+    """Depths of the recovery queues and of the application queues that dead-letter to us
+    (a team's own application queues only)."""
     names = Names.from_settings()
     recovery_queues = {*names.source_queues, names.quarantine}
     management = Management(timeout=MANAGEMENT_TIMEOUT_SECONDS)
@@ -183,7 +200,7 @@ def broker_queues():
             elif (
                 arguments.get("x-dead-letter-exchange") == names.dlx
                 or queue.get("policy") == DLX_POLICY
-            ):
+            ) and scope.allows(vhost, queue["name"], ""):
                 entry["app"].append(queue)
         _add_delivery_limits(management, vhost, entry["recovery"] + entry["app"], version, names)
         entry["recovery"].sort(key=lambda q: q["name"])
@@ -217,12 +234,19 @@ def _add_delivery_limits(management, vhost, queues, version, names):
             queue["limit_shown"] = f"{limit}, then dead-lettered to Lazarus"
 
 
+@team_scoped
 @login_required
 @viewer_required
 @require_GET
 def overview_live(request):
     """Collector health and live queue depths (its own page without JavaScript)."""
-    ctx = {"health": collector_health(), "queues": broker_queues(), "now": timezone.now()}
+    scope = scope_of(request)
+    health = collector_health()
+    ctx = {
+        "health": health if scope.is_global else without_error_text(health),
+        "queues": broker_queues(scope),
+        "now": timezone.now(),
+    }
     template = "overview_live.html"
     if request.htmx:
         template += "#live"

@@ -18,8 +18,17 @@ from recovery.alerts.params import params_problems, target_problems, vhost_probl
 from recovery.api.pagination import StrictCursorPagination
 from recovery.api.params import StrictCharField, StrictIntegerField
 from recovery.api.permissions import RolePermission, requires
+from recovery.api.teams import StrictTeamField
 from recovery.broker.coverage import uncovered_everywhere
-from recovery.models import Activity, AlertRule, NotificationChannel, Role, has_role
+from recovery.models import (
+    Activity,
+    AlertRule,
+    NotificationChannel,
+    Role,
+    Team,
+    has_role,
+    scope_of,
+)
 
 
 @extend_schema_field({"type": "boolean"})
@@ -53,6 +62,14 @@ class AlertRuleSerializer(serializers.ModelSerializer):
     )
     channels = serializers.PrimaryKeyRelatedField(
         many=True, queryset=NotificationChannel.objects.all(), required=False
+    )
+    team = StrictTeamField(
+        queryset=Team.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="A team's rule (its members see it): it must watch a message kind, a vhost "
+        "and a queue or exchange inside the team's scopes, and notify only the team's channels. "
+        "null: a rule for users in no team.",
     )
     for_seconds = StrictIntegerField(required=False, min_value=0, max_value=7 * 24 * 3600)
     params = serializers.DictField(
@@ -92,6 +109,7 @@ class AlertRuleSerializer(serializers.ModelSerializer):
             "enabled",
             "muted_until",
             "channels",
+            "team",
             "state",
             "unknown_reason",
             "last_known_state",
@@ -134,6 +152,18 @@ class AlertRuleSerializer(serializers.ModelSerializer):
         problems = params_problems(kind, params)
         if problems:
             raise serializers.ValidationError({"params": problems})
+        fields = ("kind", "vhost", "queue", "exchange")
+        rule = AlertRule(
+            team=attrs.get("team", getattr(self.instance, "team", None)),
+            **{name: attrs.get(name, getattr(self.instance, name, "")) for name in fields},
+        )
+        if "channels" in attrs:
+            channels = attrs["channels"]
+        else:
+            channels = list(self.instance.channels.all()) if self.instance else []
+        problems = rule.team_problems(channels)
+        if problems:
+            raise serializers.ValidationError(problems)
         return attrs
 
     def to_representation(self, rule):
@@ -180,6 +210,7 @@ class ChannelSerializer(serializers.ModelSerializer):
             "consecutive_failures",
             "last_error",
             "last_success_at",
+            "team",
         ]
         read_only_fields = fields
 
@@ -198,12 +229,26 @@ class ChannelWriteSerializer(serializers.ModelSerializer):
     name = StrictCharField(max_length=200)
     target = StrictCharField(max_length=2000)
     enabled = JsonBooleanField(required=False)
+    team = StrictTeamField(
+        queryset=Team.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="A team's channel (its members see it, never its target); null: for users "
+        "in no team.",
+    )
 
     class Meta:
         model = NotificationChannel
-        fields = ["name", "kind", "target", "enabled"]
+        fields = ["name", "kind", "target", "enabled", "team"]
 
     def validate(self, attrs):
+        if self.instance is not None and "team" in attrs:
+            team = attrs["team"]
+            others = self.instance.rules.filter(team__isnull=False)
+            if others.exclude(team=team).exists():
+                raise serializers.ValidationError(
+                    {"team": ["another team's rules notify this channel"]}
+                )
         if self.instance is not None and attrs.get("kind", self.instance.kind) != (
             self.instance.kind
         ):
@@ -255,7 +300,10 @@ class AlertRuleList(generics.ListCreateAPIView):
     serializer_class = AlertRuleSerializer
     pagination_class = NewestFirst
     permission_classes = [AdminWrites]
-    queryset = AlertRule.objects.prefetch_related("channels")
+    team_scoped = True
+
+    def get_queryset(self):
+        return scope_of(self.request).owned(AlertRule.objects.prefetch_related("channels"))
 
     def perform_create(self, serializer):
         _log(self.request, "alert_rule_created", serializer.save())
@@ -269,9 +317,12 @@ class AlertRuleList(generics.ListCreateAPIView):
 class AlertRuleDetail(generics.RetrieveUpdateDestroyAPIView):
     serializer_class = AlertRuleSerializer
     permission_classes = [AdminWrites]
-    queryset = AlertRule.objects.prefetch_related("channels")
+    team_scoped = True
     # PATCH only: a PUT that forgot a field would reset it.
     http_method_names = ["get", "patch", "delete", "head", "options"]
+
+    def get_queryset(self):
+        return scope_of(self.request).owned(AlertRule.objects.prefetch_related("channels"))
 
     def perform_update(self, serializer):
         changed = sorted(set(self.request.data) & set(serializer.validated_data))
@@ -328,7 +379,10 @@ class ChannelList(generics.ListCreateAPIView):
     serializer_class = ChannelSerializer
     pagination_class = NewestFirst
     permission_classes = [AdminWrites]
-    queryset = NotificationChannel.objects.all()
+    team_scoped = True
+
+    def get_queryset(self):
+        return scope_of(self.request).owned(NotificationChannel.objects.all())
 
     def create(self, request, *args, **kwargs):
         body = ChannelWriteSerializer(data=request.data)
@@ -351,8 +405,11 @@ class ChannelList(generics.ListCreateAPIView):
 class ChannelDetail(generics.RetrieveUpdateDestroyAPIView):
     serializer_class = ChannelSerializer
     permission_classes = [AdminWrites]
-    queryset = NotificationChannel.objects.all()
+    team_scoped = True
     http_method_names = ["get", "patch", "delete", "head", "options"]
+
+    def get_queryset(self):
+        return scope_of(self.request).owned(NotificationChannel.objects.all())
 
     def update(self, request, *args, **kwargs):
         channel = self.get_object()

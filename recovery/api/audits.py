@@ -5,14 +5,14 @@ Metric names are those of docs/design.md "Audit metrics", exactly as the Spark j
 not import pyspark.
 """
 
-from django.db.models import Count
+from django.db.models import Count, Prefetch
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import generics, serializers
 
 from recovery.api.pagination import StrictCursorPagination
 from recovery.api.params import IsoDateField, Rfc3339DateTimeField, StrictBooleanField, validated
-from recovery.models import AuditEvidence, AuditInputGap, AuditRun, AuditWindow
+from recovery.models import AuditEvidence, AuditInputGap, AuditRun, AuditWindow, scope_of
 
 COUNT_METRICS = (
     "publish_attempts",
@@ -165,6 +165,16 @@ class AuditRunSerializer(serializers.ModelSerializer):
         ]
         read_only_fields = fields
 
+    def _scope(self):
+        request = self.context.get("request")
+        return scope_of(request) if request is not None else None
+
+    def to_representation(self, run):
+        scope = self._scope()
+        if scope is not None and not scope.is_global:
+            run = run.narrowed_to(scope.audit_q())  # docs/security.md, "Teams"
+        return super().to_representation(run)
+
 
 class AuditRunDetailSerializer(AuditRunSerializer):
     windows = AuditWindowSerializer(many=True, read_only=True)
@@ -186,7 +196,11 @@ class AuditRunDetailSerializer(AuditRunSerializer):
 
     def get_evidence_counts(self, run) -> dict[str, int]:
         """{kind: rows} of the run's evidence (lost, unverified, duplicate, orphan, unclaimed)."""
-        return dict(run.evidence.order_by().values_list("kind").annotate(n=Count("id")))
+        scope = self._scope()
+        evidence = run.evidence.order_by()
+        if scope is not None:
+            evidence = evidence.filter(scope.audit_q())
+        return dict(evidence.values_list("kind").annotate(n=Count("id")))
 
 
 class AuditEvidenceSerializer(serializers.ModelSerializer):
@@ -234,6 +248,7 @@ class AuditFilterParams(serializers.Serializer):
 class AuditRunList(generics.ListAPIView):
     serializer_class = AuditRunSerializer
     pagination_class = AuditRunCursorPagination
+    team_scoped = True
 
     def get_queryset(self):
         params = validated(AuditFilterParams, self.request.query_params)
@@ -255,7 +270,14 @@ class AuditRunList(generics.ListAPIView):
 )
 class AuditRunDetail(generics.RetrieveAPIView):
     serializer_class = AuditRunDetailSerializer
-    queryset = AuditRun.objects.prefetch_related("windows", "input_gaps")
+    team_scoped = True
+
+    def get_queryset(self):
+        scope = scope_of(self.request)
+        return AuditRun.objects.prefetch_related(
+            Prefetch("windows", AuditWindow.objects.filter(scope.audit_q())),
+            Prefetch("input_gaps", AuditInputGap.objects.filter(scope.audit_q(False))),
+        )
 
 
 EVIDENCE_KINDS = ["lost", "unverified", "duplicate", "orphan", "unclaimed", "pending"]
@@ -273,7 +295,9 @@ class EvidenceFilterParams(serializers.Serializer):
 class AuditEvidenceList(generics.ListAPIView):
     serializer_class = AuditEvidenceSerializer
     pagination_class = EvidenceCursorPagination
+    team_scoped = True
 
     def get_queryset(self):
         run = get_object_or_404(AuditRun, pk=self.kwargs["pk"])
-        return run.evidence.filter(**validated(EvidenceFilterParams, self.request.query_params))
+        evidence = run.evidence.filter(scope_of(self.request).audit_q())
+        return evidence.filter(**validated(EvidenceFilterParams, self.request.query_params))

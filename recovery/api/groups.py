@@ -11,8 +11,8 @@ from rest_framework.response import Response
 from recovery.api.messages import FILTER_PARAMETERS
 from recovery.api.pagination import RowsCursorPagination
 from recovery.api.params import MessageFilterParams, validated
-from recovery.collector.health import collector_health
-from recovery.models import Message, Status
+from recovery.collector.health import collector_health, without_error_text
+from recovery.models import Message, Status, scope_of, team_scoped
 from recovery.search.filters import apply_filters
 from recovery.search.groups import (
     attach_labels,
@@ -85,12 +85,14 @@ class StatsSerializer(serializers.Serializer):
     responses=StatsSerializer,
     summary="Counts by kind, status and queue, and the collector's lag",
 )
+@team_scoped
 @api_view(["GET"])
 def stats(request):
     filters = validated(MessageFilterParams, request.query_params)
-    by_kind, by_status, by_queue = count_by(filters)
+    scope = scope_of(request)
+    by_kind, by_status, by_queue = count_by(filters, scope)
     oldest = (
-        apply_filters(Message.objects.filter(status=Status.PENDING), filters)
+        apply_filters(scope.messages(Message.objects.filter(status=Status.PENDING)), filters)
         .order_by("collected_at")
         .values_list("collected_at", flat=True)
         .first()
@@ -101,7 +103,9 @@ def stats(request):
         "by_status": by_status,
         "by_queue": by_queue,
         "oldest_pending_at": oldest,
-        "collector": collector_health(),
+        "collector": collector_health()
+        if scope.is_global
+        else without_error_text(collector_health()),
     }
     return Response(StatsSerializer(data).data)
 
@@ -134,22 +138,24 @@ def _edge_row(sort_key):
 class GroupList(generics.ListAPIView):
     serializer_class = GroupSerializer
     pagination_class = RowsCursorPagination
+    team_scoped = True
 
     def list(self, request, *args, **kwargs):
         filters = validated(MessageFilterParams, request.query_params)
+        scope = scope_of(request)
         if kept_times_answer(filters):
             page = self.paginator.paginate_keyset(
                 lambda edge, reverse, limit: kept_groups(
-                    filters, _edge_row(edge) if edge else None, reverse, limit
+                    filters, _edge_row(edge) if edge else None, reverse, limit, scope
                 ),
                 _recently_seen_first,
                 (0, ""),
                 request,
             )
         else:
-            groups = rollup_groups(filters)
+            groups = rollup_groups(filters, scope)
             if groups is None:
-                groups = message_groups(filters)
+                groups = message_groups(filters, scope)
             page = self.paginator.paginate_rows(groups, _recently_seen_first, request)
         page = attach_labels(page)
         return self.paginator.get_paginated_response(self.get_serializer(page, many=True).data)

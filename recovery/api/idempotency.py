@@ -40,11 +40,13 @@ NOTHING_SENT = (APIException, Http404, PermissionDenied, DjangoValidationError)
 
 
 def request_fingerprint(request):
-    payload = json.dumps(
-        {"method": request.method, "path": request.path, "body": request.data},
-        sort_keys=True,
-        cls=DjangoJSONEncoder,
-    )
+    fields = {"method": request.method, "path": request.path, "body": request.data}
+    # A token acting as a team never gets back what its user did as another scope: the same
+    # key from the other is "another request" (the key stays the user's, as before teams).
+    token = getattr(request, "auth", None)
+    if getattr(token, "team_id", None) is not None:
+        fields["team"] = token.team_id
+    payload = json.dumps(fields, sort_keys=True, cls=DjangoJSONEncoder)
     return hashlib.sha256(payload.encode()).hexdigest()
 
 

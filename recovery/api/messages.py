@@ -22,7 +22,7 @@ from recovery.api.serializers import (
 )
 from recovery.bodies import decode_message
 from recovery.errors import BrokerUnavailable, ReplayError, StateError
-from recovery.models import Message, ReplayAttempt, attach_died_again
+from recovery.models import Message, ReplayAttempt, Role, attach_died_again, scope_of, team_scoped
 from recovery.replay import (
     discard_matching,
     discard_message,
@@ -37,7 +37,7 @@ from recovery.search.filters import apply_filters, narrow_search
 FILTER_PARAMETERS = [MessageFilterParams]
 
 
-def filtered_messages(query_params, queryset=None):
+def filtered_messages(query_params, queryset=None, scope=None):
     """Messages matching the shared filters (recovery.search.filters.apply_filters).
 
     A substring search is narrowed through the trigram index first (``narrow_search``), so a
@@ -45,6 +45,8 @@ def filtered_messages(query_params, queryset=None):
     """
     if queryset is None:
         queryset = Message.objects.defer("body", "headers", "properties")
+    if scope is not None:
+        queryset = scope.messages(queryset)
     data = validated(MessageFilterParams, query_params)
     return narrow_search(apply_filters(queryset, data), data)
 
@@ -52,9 +54,10 @@ def filtered_messages(query_params, queryset=None):
 @extend_schema(parameters=FILTER_PARAMETERS, summary="List collected messages, newest first")
 class MessageList(generics.ListAPIView):
     serializer_class = MessageSerializer
+    team_scoped = True
 
     def get_queryset(self):
-        return filtered_messages(self.request.query_params)
+        return filtered_messages(self.request.query_params, scope=scope_of(self.request))
 
     def paginate_queryset(self, queryset):
         # Whether each replayed message died again: one query for the page, not one per row.
@@ -65,7 +68,10 @@ class MessageList(generics.ListAPIView):
 @extend_schema(summary="One message with its properties, headers and body")
 class MessageDetail(generics.RetrieveAPIView):
     serializer_class = MessageDetailSerializer
-    queryset = Message.objects.all()
+    team_scoped = True
+
+    def get_queryset(self):
+        return scope_of(self.request).messages()
 
 
 BODY_FIELDS = (
@@ -169,10 +175,11 @@ def as_request_fields(exc):
     "bound, and the message stays pending with the reason. 409: not replayable in its status "
     "(replaying, discarded, held by a job); 503: RabbitMQ unreachable, nothing was sent.",
 )
+@team_scoped
 @api_view(["POST"])
 @idempotent
 def replay(request, pk):
-    message = get_object_or_404(Message, pk=pk)
+    message = get_object_or_404(scope_of(request).messages(minimum=Role.OPERATOR), pk=pk)
     body = ReplayRequestSerializer(data=request.data)
     body.is_valid(raise_exception=True)
     exchange, routing_key, queue = body.target()
@@ -216,9 +223,10 @@ class DiscardRequestSerializer(serializers.Serializer):
     "earlier; retention deletes it after RETENTION_DAYS. 409 if it is replaying, already "
     "discarded or held by a running job.",
 )
+@team_scoped
 @api_view(["POST"])
 def discard(request, pk):
-    message = get_object_or_404(Message, pk=pk)
+    message = get_object_or_404(scope_of(request).messages(minimum=Role.OPERATOR), pk=pk)
     body = DiscardRequestSerializer(data=request.data)
     body.is_valid(raise_exception=True)
     try:
@@ -273,6 +281,7 @@ BY_FILTER_STEPS = (
     description="Pending, poisoned and replayed messages matching `filters` are discarded, "
     + BY_FILTER_STEPS,
 )
+@team_scoped
 @api_view(["POST"])
 def discard_by_filter(request):
     body = DiscardMatchingRequestSerializer(data=request.data)
@@ -283,6 +292,7 @@ def discard_by_filter(request):
         body.validated_data["filters"],
         via="api",
         reason=body.validated_data.get("reason", ""),
+        scope=scope_of(request),
     )
     return Response({"discarded": discarded, "remaining": remaining})
 
@@ -295,11 +305,14 @@ def discard_by_filter(request):
     description="Discarded messages matching `filters` get back the status they had, "
     + BY_FILTER_STEPS,
 )
+@team_scoped
 @api_view(["POST"])
 def restore_by_filter(request):
     body = ByFilterRequestSerializer(data=request.data)
     body.is_valid(raise_exception=True)
-    restored, remaining = restore_matching(request.user, body.validated_data["filters"], via="api")
+    restored, remaining = restore_matching(
+        request.user, body.validated_data["filters"], via="api", scope=scope_of(request)
+    )
     return Response({"restored": restored, "remaining": remaining})
 
 
@@ -308,9 +321,10 @@ def restore_by_filter(request):
     request=None,
     responses={200: MessageSerializer, 409: None},
 )
+@team_scoped
 @api_view(["POST"])
 def restore(request, pk):
-    message = get_object_or_404(Message, pk=pk)
+    message = get_object_or_404(scope_of(request).messages(minimum=Role.OPERATOR), pk=pk)
     try:
         message = restore_message(message, request.user, via="api")
     except StateError as exc:

@@ -1,12 +1,15 @@
 from rest_framework import permissions
 
-from recovery.models import Role, has_role
+from recovery.models import Role, scope_of
 
 
 class RolePermission(permissions.BasePermission):
     """Viewers read; operators also replay/discard/start jobs; admins also manage users/tokens.
 
-    A view may set ``required_role`` to demand more than the method implies.
+    A view may set ``required_role`` to demand more than the method implies. The role is the
+    caller's: a token acting as a team has its user's role in that team. A team caller (a user
+    in a team, or a team token) is refused by every view not marked ``team_scoped`` (see
+    ``recovery.models.teams``): an endpoint added without scoping fails closed.
     """
 
     message = "Your role does not allow this."
@@ -17,7 +20,11 @@ class RolePermission(permissions.BasePermission):
         required = getattr(self, "required", None) or getattr(view, "required_role", None)
         if required is None:
             required = Role.VIEWER if request.method in permissions.SAFE_METHODS else Role.OPERATOR
-        return has_role(request.user, required)
+        scope = scope_of(request)
+        if not scope.is_global and not getattr(view, "team_scoped", False):
+            self.message = "Not available to team members."
+            return False
+        return scope.has_role(required)
 
 
 def requires(role):

@@ -25,7 +25,7 @@ from recovery.api.params import (
 from recovery.api.permissions import requires
 from recovery.api.schema import IDEMPOTENCY_KEY
 from recovery.errors import StateError
-from recovery.models import ReplayJob, Role
+from recovery.models import ReplayJob, Role, scope_of, team_scoped
 from recovery.replay import jobs
 from recovery.replay import options as job_options
 from recovery.replay.safety import job_breaker
@@ -232,10 +232,12 @@ class NewestJobCursorPagination(StrictCursorPagination):
 class ReplayJobs(generics.ListAPIView):
     serializer_class = ReplayJobSerializer
     pagination_class = NewestJobCursorPagination
+    team_scoped = True
 
     def get_queryset(self):
         params = validated(JobFilterParams, self.request.query_params)
-        return ReplayJob.objects.select_related("created_by").filter(**params)
+        in_scope = scope_of(self.request).jobs(ReplayJob.objects.select_related("created_by"))
+        return in_scope.filter(**params)
 
     @extend_schema(summary="Replay jobs, newest first", parameters=[JobFilterParams])
     def get(self, request, *args, **kwargs):
@@ -262,7 +264,9 @@ class ReplayJobs(generics.ListAPIView):
 def create(request):
     body = JobRequestSerializer(data=request.data)
     body.is_valid(raise_exception=True)
-    job = jobs.create_job(request.user, via="api", **body.engine_arguments())
+    job = jobs.create_job(
+        request.user, via="api", scope=scope_of(request), **body.engine_arguments()
+    )
     job = ReplayJob.objects.select_related("created_by").get(pk=job.pk)
     return Response(
         ReplayJobDetailSerializer(job).data,
@@ -289,21 +293,24 @@ class DryRunSerializer(serializers.Serializer):
     request=JobRequestSerializer,
     responses=DryRunSerializer,
 )
+@team_scoped
 @api_view(["POST"])
 @permission_classes([requires(Role.VIEWER)])  # the console previews for viewers too
 def dry_run(request):
     body = JobRequestSerializer(data=request.data)
     body.is_valid(raise_exception=True)
-    targets = jobs.dry_run(**body.engine_arguments())
+    targets = jobs.dry_run(scope_of(request), **body.engine_arguments())
     return Response(
         DryRunSerializer({"total": sum(t["count"] for t in targets), "targets": targets}).data
     )
 
 
 @extend_schema(summary="One job with its progress", responses=ReplayJobDetailSerializer)
+@team_scoped
 @api_view(["GET"])
 def replay_job(request, pk):
-    job = get_object_or_404(ReplayJob.objects.select_related("created_by"), pk=pk)
+    jobs_in_scope = scope_of(request).jobs(ReplayJob.objects.select_related("created_by"))
+    job = get_object_or_404(jobs_in_scope, pk=pk)
     return Response(ReplayJobDetailSerializer(job).data)
 
 
@@ -314,6 +321,7 @@ def replay_job(request, pk):
     description="Messages not sent yet stay as they are. What is in flight is confirmed and "
     "recorded first. 409 if the job already ended.",
 )
+@team_scoped
 @api_view(["POST"])
 def cancel(request, pk):
     return _transition(request, pk, "cancel")
@@ -327,6 +335,7 @@ def cancel(request, pk):
     description="After a canary pause, resuming accepts the canary; after a breaker pause the "
     "breaker counts afresh. 409 unless the job is paused.",
 )
+@team_scoped
 @api_view(["POST"])
 @idempotent
 def resume(request, pk):
@@ -334,7 +343,7 @@ def resume(request, pk):
 
 
 def _transition(request, pk, method):
-    job = get_object_or_404(ReplayJob, pk=pk)
+    job = get_object_or_404(scope_of(request).jobs(ReplayJob.objects.all(), Role.OPERATOR), pk=pk)
     try:
         getattr(job, method)(request.user, via="api")
     except StateError as exc:

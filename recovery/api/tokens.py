@@ -15,11 +15,18 @@ from rest_framework.response import Response
 from recovery.api.pagination import StrictCursorPagination
 from recovery.api.params import StrictBooleanField, validated
 from recovery.api.permissions import requires
-from recovery.models import Activity, ApiToken, Role, role_of
+from recovery.models import Activity, ApiToken, Role, Scope, Team, role_of, scope_of, team_scoped
 
 
 class TokenSerializer(serializers.ModelSerializer):
     user = serializers.CharField(source="user.get_username")
+    team = serializers.CharField(
+        source="team.name",
+        allow_null=True,
+        default=None,
+        help_text="The team the token acts as (its user's role and scope there); null: it acts "
+        "as its user.",
+    )
     role = serializers.SerializerMethodField()
     active = serializers.SerializerMethodField()
 
@@ -30,6 +37,7 @@ class TokenSerializer(serializers.ModelSerializer):
             "prefix",
             "name",
             "user",
+            "team",
             "role",
             "active",
             "created_at",
@@ -39,7 +47,7 @@ class TokenSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
     def get_role(self, token) -> str | None:
-        role = role_of(token.user)
+        role = Scope.of(token.user, token.team_id).role if token.team_id else role_of(token.user)
         return role.value if role else None
 
     def get_active(self, token) -> bool:
@@ -69,7 +77,7 @@ class TokenList(generics.ListAPIView):
 
     def get_queryset(self):
         params = validated(TokenFilterParams, self.request.query_params)
-        tokens = ApiToken.objects.select_related("user")
+        tokens = ApiToken.objects.select_related("user", "team")
         if "user" in params:
             tokens = tokens.filter(user__username=params["user"])
         active = params.get("active")
@@ -105,19 +113,34 @@ class MeSerializer(serializers.Serializer):
     user = serializers.CharField()
     role = serializers.ChoiceField(choices=Role.choices)
     token = serializers.CharField(allow_null=True, help_text="Prefix of the token in use.")
+    team = serializers.CharField(
+        allow_null=True, help_text="The team the token acts as; null: the user's own scope."
+    )
+    teams = serializers.ListField(
+        child=serializers.CharField(),
+        allow_null=True,
+        help_text="The teams whose scope this caller sees; null: every message (a global role).",
+    )
     now = serializers.DateTimeField(help_text="Server time (UTC).")
 
 
 @extend_schema(summary="Who this token acts as", responses=MeSerializer)
+@team_scoped
 @api_view(["GET"])
 def me(request):
     token = request.auth if isinstance(request.auth, ApiToken) else None
+    scope = scope_of(request)
+    teams = scope.team_ids()
     return Response(
         MeSerializer(
             {
                 "user": request.user.get_username(),
-                "role": role_of(request.user).value,
+                "role": scope.role.value,
                 "token": token.prefix if token else None,
+                "team": scope.acting_team.name if scope.acting_team else None,
+                "teams": None
+                if teams is None
+                else list(Team.objects.filter(pk__in=teams).values_list("name", flat=True)),
                 "now": timezone.now(),
             }
         ).data

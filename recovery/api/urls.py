@@ -2,7 +2,17 @@
 
 from django.urls import path
 
-from recovery.api import alerts, audits, broker, groups, history, messages, replay_jobs, tokens
+from recovery.api import (
+    alerts,
+    audits,
+    broker,
+    groups,
+    history,
+    messages,
+    replay_jobs,
+    teams,
+    tokens,
+)
 
 urlpatterns = [
     path("messages", messages.MessageList.as_view(), name="api-messages"),
@@ -40,4 +50,10 @@ urlpatterns = [
     path("tokens", tokens.TokenList.as_view(), name="api-tokens"),
     path("tokens/<int:pk>/revoke", tokens.revoke_token, name="api-token-revoke"),
     path("me", tokens.me, name="api-me"),
+    path("teams", teams.TeamList.as_view(), name="api-teams"),
+    path("teams/<int:pk>", teams.TeamDetail.as_view(), name="api-team"),
+    path("team-scopes", teams.TeamScopeList.as_view(), name="api-team-scopes"),
+    path("team-scopes/<int:pk>", teams.TeamScopeDetail.as_view(), name="api-team-scope"),
+    path("team-memberships", teams.MembershipList.as_view(), name="api-memberships"),
+    path("team-memberships/<int:pk>", teams.MembershipDetail.as_view(), name="api-membership"),
 ]

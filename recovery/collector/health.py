@@ -121,3 +121,12 @@ def _running_threads():
         }
         for beat in beats
     ]
+
+
+def without_error_text(health):
+    """``health`` for a team member: the collector's error texts (a database error may quote a
+    row of any team's) become "(hidden)"; counts and states stay."""
+    for row in [*health["sources"], *health["threads"]]:
+        if row.get("last_error"):
+            row["last_error"] = "(hidden)"
+    return health

@@ -7,6 +7,7 @@
 - history: what was done to each message, kept after retention deleted it (HISTORY_DAYS)
 - audit: nightly audit runs, windows, evidence, input gaps; the bindings history
 - alerts: alert rules, their transitions, notification channels and the notification outbox
+- teams: teams, their scopes and memberships; Scope, what one caller may see
 - broker: the broker's own tally of dead-lettered and dropped messages against the store
 - retention: what leaves the store after RETENTION_DAYS, store-wide
 - decoders: admins' rules for reading bodies (protobuf, Avro, MessagePack) per queue
@@ -20,9 +21,8 @@ from recovery.models.access import (
     ApiToken,
     IdempotencyKey,
     Role,
-    has_role,
+    global_role_of,
     hash_token,
-    role_of,
     set_role,
 )
 from recovery.models.alerts import AlertRule, AlertTransition, Notification, NotificationChannel
@@ -71,6 +71,17 @@ from recovery.models.store import (
     Status,
     attach_died_again,
     default_target_of,
+)
+from recovery.models.teams import (
+    Membership,
+    Scope,
+    Team,
+    TeamScope,
+    glob_to_regex,
+    has_role,
+    role_of,
+    scope_of,
+    team_scoped,
 )
 
 __all__ = [
@@ -122,6 +133,14 @@ __all__ = [
     "mark_died_again",
     "group_details",
     "has_role",
+    "global_role_of",
+    "glob_to_regex",
+    "Membership",
+    "Scope",
+    "scope_of",
+    "team_scoped",
+    "Team",
+    "TeamScope",
     "hash_token",
     "hourly_sums",
     "role_of",

@@ -1,5 +1,6 @@
 """Who may do what: roles, API tokens (hashed), idempotency keys, rate windows, activity."""
 
+import contextvars
 import hashlib
 import secrets
 
@@ -18,8 +19,8 @@ class Role(models.TextChoices):
 ROLE_ORDER = [Role.VIEWER, Role.OPERATOR, Role.ADMIN]
 
 
-def role_of(user):
-    """The strongest role a user holds (superusers are admins); None when the user has none."""
+def global_role_of(user):
+    """The strongest global role (auth groups; superusers are admins); None when none."""
     if not user or not user.is_authenticated:
         return None
     if user.is_superuser:
@@ -31,16 +32,23 @@ def role_of(user):
     return None
 
 
-def has_role(user, minimum):
-    role = role_of(user)
-    return role is not None and ROLE_ORDER.index(role) >= ROLE_ORDER.index(Role(minimum))
-
-
 def set_role(user, role):
     role = Role(role)
     groups = [Group.objects.get_or_create(name=r.value)[0] for r in ROLE_ORDER]
     user.groups.remove(*groups)
     user.groups.add(next(g for g in groups if g.name == role.value))
+
+
+# The team an API token acts as, for the request being served (set by ``scope_of``, cleared
+# after each request by console.middleware.TeamScopeMiddleware): every activity row the
+# request writes records it, bulk-created ones too (a field default is read per instance).
+ACTING_TEAM: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "lazarus_acting_team", default=None
+)
+
+
+def acting_team_id():
+    return ACTING_TEAM.get()
 
 
 class Activity(models.Model):
@@ -74,6 +82,16 @@ class Activity(models.Model):
     )
     detail = models.JSONField(default=dict, blank=True)
     via = models.CharField(max_length=8, default="console")  # console | api | system
+    # The team the API token that did it acts as; null: it acted as its user.
+    acting_team = models.ForeignKey(
+        "recovery.Team",
+        null=True,
+        blank=True,
+        default=acting_team_id,
+        on_delete=models.SET_NULL,
+        db_constraint=False,
+        related_name="+",
+    )
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
 
     class Meta:
@@ -91,6 +109,11 @@ class ApiToken(models.Model):
     """An API token. Only its SHA-256 is stored; the key is shown once, at creation."""
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
+    # A token acting as one of its user's teams sees and changes that team's scope only, with
+    # the user's role in that team (narrower, never wider); null: it acts as its user.
+    team = models.ForeignKey(
+        "recovery.Team", null=True, blank=True, on_delete=models.CASCADE, related_name="tokens"
+    )
     name = models.CharField(max_length=100, blank=True, default="")
     prefix = models.CharField(max_length=8)
     digest = models.CharField(max_length=64, unique=True)
@@ -99,15 +122,19 @@ class ApiToken(models.Model):
     revoked_at = models.DateTimeField(null=True, blank=True)
 
     @classmethod
-    def issue(cls, user, name=""):
+    def issue(cls, user, name="", team=None):
+        if team is not None and not user.memberships.filter(team=team).exists():
+            raise ValueError(f"{user.get_username()} is not in team {team}")
         raw = "lz_" + secrets.token_urlsafe(32)
-        token = cls.objects.create(user=user, name=name, prefix=raw[:8], digest=hash_token(raw))
+        token = cls.objects.create(
+            user=user, name=name, team=team, prefix=raw[:8], digest=hash_token(raw)
+        )
         return token, raw
 
     @classmethod
     def authenticate(cls, raw):
         token = (
-            cls.objects.select_related("user")
+            cls.objects.select_related("user", "team")
             .filter(digest=hash_token(raw), revoked_at__isnull=True, user__is_active=True)
             .first()
         )

@@ -56,6 +56,11 @@ class AlertRule(models.Model):
     enabled = models.BooleanField(default=True)
     muted_until = models.DateTimeField(null=True, blank=True)
     channels = models.ManyToManyField("NotificationChannel", blank=True, related_name="rules")
+    # A team's rule: its members see it, it watches only names in the team's scope and
+    # notifies only the team's channels (``check_team``); null: a rule for global users.
+    team = models.ForeignKey(
+        "recovery.Team", null=True, blank=True, on_delete=models.SET_NULL, related_name="rules"
+    )
 
     state = models.CharField(max_length=8, choices=State.choices, default=State.OK)
     # What the last check that could look decided (ok or firing): while unknown, what the rule
@@ -77,6 +82,29 @@ class AlertRule(models.Model):
 
     def __str__(self):
         return f"{self.name} ({self.kind}, {self.state})"
+
+    # The kinds that watch messages (by vhost, queue, exchange): the only ones a team may own;
+    # the others watch the broker, the collector or the audit, which are not a team's.
+    TEAM_KINDS = (Kind.NEW_FAILURE_GROUP, Kind.OPEN_MESSAGES, Kind.OPEN_GROWTH)
+
+    def team_problems(self, channels):
+        """Why this rule cannot be ``team``'s ({field: message}; empty when it can): it must
+        watch a vhost and a queue or exchange the team's scope covers, and notify only the
+        team's channels."""
+        if self.team_id is None:
+            return {}
+        from recovery.models.teams import Scope
+
+        problems = {}
+        if self.kind not in self.TEAM_KINDS:
+            problems["kind"] = "a team's rule watches messages: " + ", ".join(self.TEAM_KINDS)
+        if not self.vhost or not (self.queue or self.exchange):
+            problems["vhost"] = "a team's rule names its vhost and a queue or an exchange"
+        elif not Scope.covers(self.team_id, self.vhost, self.queue, self.exchange):
+            problems["queue"] = "outside the team's scopes"
+        if any(channel.team_id != self.team_id for channel in channels):
+            problems["channels"] = "a team's rule notifies only the team's channels"
+        return problems
 
     @property
     def current_state(self) -> str:
@@ -347,6 +375,10 @@ class NotificationChannel(models.Model):
     name = models.CharField(max_length=200)
     kind = models.CharField(max_length=16, choices=Kind.choices)
     target = models.TextField()
+    # A team's channel: its members see it (never its target); null: for global users.
+    team = models.ForeignKey(
+        "recovery.Team", null=True, blank=True, on_delete=models.SET_NULL, related_name="channels"
+    )
     secret = models.CharField(max_length=128, default=new_secret, blank=True)
     enabled = models.BooleanField(default=True)
     consecutive_failures = models.IntegerField(default=0)

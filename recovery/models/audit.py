@@ -66,6 +66,19 @@ class AuditRun(models.Model):
     def __str__(self):
         return f"audit {self.date} r{self.revision} ({self.status})"
 
+    def narrowed_to(self, windows_q):
+        """This run as a team member sees it (never saved): its totals, manifest, config and
+        error cover every team's exchanges and groups and are left out; its warnings are
+        those of the windows ``windows_q`` selects, summed, so ``outcome`` still never calls
+        a run with warnings in the team's windows a plain success."""
+        counts: dict[str, int] = {}
+        for metrics in self.windows.filter(windows_q).values_list("metrics", flat=True):
+            for warning in metric_warnings(metrics):
+                counts[warning["code"]] = counts.get(warning["code"], 0) + warning["count"]
+        self.warnings = [{"code": code, "count": n} for code, n in counts.items()]
+        self.totals, self.manifest, self.config, self.error = {}, {}, {}, ""
+        return self
+
     @property
     def outcome(self) -> str:
         """What the console and the API show: a succeeded run with warnings is not a success."""

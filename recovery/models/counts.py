@@ -6,7 +6,7 @@ import datetime
 import json
 
 from django.db import connection, models
-from django.db.models import Sum
+from django.db.models import Q, Sum
 from django.utils import timezone
 
 from recovery.client import headers as header_codec
@@ -273,25 +273,29 @@ REBUILD_TOTALS_SQL = f"""
 TOTALS_KEY = ("vhost", "kind", "source_queue", "source_exchange", "reason", "status")
 
 
-def rollup_sums(since=None):
+def rollup_sums(since=None, scope_q=None):
     """(totals per source key, from MessageTotal; totals per hour and kind since ``since``,
     default the last eight UTC days: the overview's two charts, from MessageCount's hour index).
 
     Both tables are written by the same statements' triggers; at 10k failure groups MessageCount
-    holds ~450k rows and MessageTotal ~40k, so the totals no longer scan the hours."""
+    holds ~450k rows and MessageTotal ~40k, so the totals no longer scan the hours.
+    ``scope_q``: a caller's ``Scope.q()`` (both tables have the messages' vhost and source
+    columns): a team's own totals."""
+    scope_q = scope_q or Q()
     if since is None:
         since = timezone.now().replace(minute=0, second=0, microsecond=0)
         since = since.replace(hour=0) - datetime.timedelta(days=8)
     totals = [
         {**{k: row[k] for k in TOTALS_KEY}, "total": row["total"]}
-        for row in MessageTotal.objects.values(*TOTALS_KEY)
+        for row in MessageTotal.objects.filter(scope_q)
+        .values(*TOTALS_KEY)
         .annotate(total=Sum("n"))
         .filter(total__gt=0)
         .order_by()
     ]
     hourly = [
         row
-        for row in MessageCount.objects.filter(hour__gte=since)
+        for row in MessageCount.objects.filter(scope_q, hour__gte=since)
         .values("hour", "kind")
         .annotate(total=Sum("n"))
         .order_by()
@@ -300,35 +304,38 @@ def rollup_sums(since=None):
     return totals, hourly
 
 
-def hourly_sums(start, end):
+def hourly_sums(start, end, scope_q=None):
     return (
-        MessageCount.objects.filter(hour__gte=start, hour__lt=end)
+        MessageCount.objects.filter(scope_q or Q(), hour__gte=start, hour__lt=end)
         .values("hour", "kind")
         .annotate(total=Sum("n"))
     )
 
 
-def group_details(keys):
-    """Label, kind, source and exact first/last collection time per group (index probes)."""
+def group_details(keys, where=("true", ())):
+    """Label, kind, source and exact first/last collection time per group (index probes);
+    ``where``: (SQL, params) over recovery_message, a caller's scope (``Scope.where_sql``)."""
     if not keys:
         return {}
+    where_sql, where_params = where
     with connection.cursor() as cur:
         cur.execute(
-            """
+            f"""
             SELECT g.key, newest.group_label, newest.kind, newest.reason, newest.source_queue,
                    newest.source_exchange, newest.collected_at,
-                   (SELECT m.collected_at FROM recovery_message m WHERE m.group_key = g.key
-                    ORDER BY m.collected_at, m.id LIMIT 1),
+                   (SELECT recovery_message.collected_at FROM recovery_message
+                    WHERE recovery_message.group_key = g.key AND ({where_sql})
+                    ORDER BY recovery_message.collected_at, recovery_message.id LIMIT 1),
                    newest.headers, newest.sample
             FROM unnest(%s::text[]) AS g(key)
             CROSS JOIN LATERAL (
                 SELECT group_label, kind, reason, source_queue, source_exchange, collected_at,
                        headers, substring(body from 1 for %s) AS sample
-                FROM recovery_message m WHERE m.group_key = g.key
-                ORDER BY m.collected_at DESC, m.id DESC LIMIT 1
+                FROM recovery_message WHERE recovery_message.group_key = g.key AND ({where_sql})
+                ORDER BY recovery_message.collected_at DESC, recovery_message.id DESC LIMIT 1
             ) AS newest
             """,
-            [list(keys), SAMPLE_BYTES],
+            [*where_params, list(keys), SAMPLE_BYTES, *where_params],
         )
         columns = ["key", "label", "kind", "reason", "queue", "exchange", "last", "first"]
         details = {}
@@ -379,12 +386,12 @@ def collected_since(since, messages=None):
     return min(n, RECENT_COUNT_CAP), n > RECENT_COUNT_CAP
 
 
-def changing_groups(now, counts=None, totals=None, limit=5):
+def changing_groups(now, counts=None, totals=None, limit=5, where=("true", ())):
     """(new, busiest): failure groups first seen in the last hour, and the groups with the most
     messages collected this hour and the last (this hour's pace above the last hour's is
     "growing"); each {key, label, spark: messages per hour over SPARK_HOURS, this_hour,
-    last_hour, growing}. ``counts``/``totals``: MessageCount / MessageTotal querysets (a caller
-    may narrow them)."""
+    last_hour, growing}. ``counts``/``totals``: MessageCount / MessageTotal querysets, and
+    ``where`` the same over recovery_message (a caller's scope narrows all three)."""
     counts = counts if counts is not None else MessageCount.objects
     totals = totals if totals is not None else MessageTotal.objects
     current = now.replace(minute=0, second=0, microsecond=0)
@@ -424,7 +431,7 @@ def changing_groups(now, counts=None, totals=None, limit=5):
         (k for k, s in sparks.items() if s[-1] or s[-2]),
         key=lambda k: (-(sparks[k][-1] + sparks[k][-2]), k),
     )[:limit]
-    details = group_details([*new_keys, *busiest])
+    details = group_details([*new_keys, *busiest], where)
     new = [
         {**item(k), "label": details[k]["label"], "first": details[k]["first"]}
         for k in new_keys

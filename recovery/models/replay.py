@@ -110,6 +110,11 @@ class ReplayJob(models.Model):
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
     )
+    # The team a team caller made it for: its runs re-check that team's scope (with the
+    # creator's current role in it); null for a job made by a global caller.
+    team = models.ForeignKey(
+        "recovery.Team", null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs"
+    )
     filters = models.JSONField(default=dict, blank=True)
     message_ids = models.JSONField(default=list, blank=True)
     group_key = models.CharField(max_length=64, blank=True, default="")

@@ -21,6 +21,7 @@ from recovery.models import (
     Message,
     MessageHistory,
     ReplayJobItem,
+    Role,
     Status,
 )
 from recovery.replay.one import holding_job, replay_message
@@ -85,7 +86,18 @@ def names_a_filter(filters):
 
 
 def _by_filter(
-    user, via, action, filters, statuses, column, updates, detail, budget_s, batch, history_detail
+    user,
+    via,
+    action,
+    filters,
+    statuses,
+    column,
+    updates,
+    detail,
+    budget_s,
+    batch,
+    history_detail,
+    scope=None,
 ):
     """``action`` for every message in ``statuses`` matching ``filters`` (cleaned filter data,
     at least one filter), in batches of ``batch``, oldest id first, for about ``budget_s``
@@ -102,6 +114,8 @@ def _by_filter(
     if not names_a_filter(filters):
         raise ValidationError({"filters": "name at least one filter: this changes every match"})
     matching = apply_filters(Message.objects.filter(status__in=statuses), filters)
+    if scope is not None:  # a team caller: only what they operate on
+        matching = matching.filter(scope.q(Role.OPERATOR))
     deadline = time.monotonic() + (BY_FILTER_BUDGET_S if budget_s is None else budget_s)
     batch = batch or BY_FILTER_BATCH
     changed, after = 0, 0
@@ -138,7 +152,9 @@ def _by_filter(
     return changed, matching.count()
 
 
-def discard_matching(user, filters, via="console", reason="", budget_s=None, batch=None):
+def discard_matching(
+    user, filters, via="console", reason="", budget_s=None, batch=None, scope=None
+):
     """Soft-discard the pending, poisoned and replayed messages matching ``filters``, as
     ``discard_message`` does one (restorable, one ``discard`` activity row each), in steps
     (``_by_filter``); ``(discarded, remaining)``."""
@@ -161,10 +177,11 @@ def discard_matching(user, filters, via="console", reason="", budget_s=None, bat
         budget_s,
         batch,
         reason,
+        scope,
     )
 
 
-def restore_matching(user, filters, via="console", budget_s=None, batch=None):
+def restore_matching(user, filters, via="console", budget_s=None, batch=None, scope=None):
     """Undo the discard of every discarded message matching ``filters``, as
     ``restore_message`` does one (each gets back the status it had; one ``restore`` activity
     row each), in steps (``_by_filter``); ``(restored, remaining)``."""
@@ -186,6 +203,7 @@ def restore_matching(user, filters, via="console", budget_s=None, batch=None):
         budget_s,
         batch,
         "restored by filter",
+        scope,
     )
 
 

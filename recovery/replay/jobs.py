@@ -20,7 +20,7 @@ from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
-from recovery.models import Activity, ReplayJob, Role, has_role
+from recovery.models import Activity, ReplayJob, Role, Scope
 from recovery.replay.options import clean_job_options
 from recovery.replay.selection import clean_selection
 from recovery.replay.targets import validate_target
@@ -95,7 +95,7 @@ def _log_creation(job, user, via):
     )
 
 
-def create_job(user, *, include_poisoned=False, **arguments):
+def create_job(user, *, include_poisoned=False, scope=None, **arguments):
     """Validate and create a bulk replay job; it starts (a Celery task) once the transaction
     commits. Returns the ReplayJob (state ``queued``).
 
@@ -113,12 +113,17 @@ def create_job(user, *, include_poisoned=False, **arguments):
 
     Raises ValidationError with the offending argument names as fields (``__all__`` when no
     message is selected or none matches) and PermissionDenied if ``user`` is not an operator.
-    Logged as ``job_created``.
+    Logged as ``job_created``. ``scope`` (the caller's Scope; None: ``user``'s own): a team
+    caller's job selects only messages they operate on, belongs to their team, and is checked
+    against that team's scope again when it runs.
     """
-    if user is not None and not has_role(user, Role.OPERATOR):
+    if scope is None:
+        scope = Scope.of(user) if user is not None else Scope(Role.ADMIN)
+    if not scope.has_role(Role.OPERATOR):
         raise PermissionDenied("replay jobs need the operator role")
+    team_id = scope.job_team()
     target, selection, options = clean_job(include_poisoned=include_poisoned, **arguments)
-    if not selection.queryset().exists():
+    if not selection.queryset().filter(scope.q(Role.OPERATOR)).exists():
         raise ValidationError(
             {
                 NON_FIELD_ERRORS: "no replayable message matches ("
@@ -129,6 +134,7 @@ def create_job(user, *, include_poisoned=False, **arguments):
     with transaction.atomic():
         job = ReplayJob.objects.create(
             created_by=user,
+            team_id=team_id,
             filters=selection.stored_filters,
             message_ids=selection.ids or [],
             group_key=selection.group_key,
@@ -145,7 +151,7 @@ def create_job(user, *, include_poisoned=False, **arguments):
     return job
 
 
-def dry_run(**arguments):
+def dry_run(scope=None, **arguments):
     """How many messages a job would send where, sending nothing.
 
     Takes create_job's arguments (the job options are validated too, so a preview shows the
@@ -158,6 +164,7 @@ def dry_run(**arguments):
     target, selection, _options = clean_job(**arguments)
     groups = (
         selection.queryset()
+        .filter(scope.q() if scope is not None else Q())
         .values("vhost", "kind", "source_queue", "source_exchange", "routing_keys")
         .annotate(n=Count("id"))
     )

@@ -43,7 +43,7 @@ from recovery.replay.pacer import Pacer
 from recovery.replay.publisher import AsyncPublisher, Entry
 from recovery.replay.recorder import RECORDERS, Recorder, Recorders
 from recovery.replay.safety import breaker_reason, canary_reason
-from recovery.replay.selection import selection_sql
+from recovery.replay.selection import job_queryset, selection_sql
 from recovery.replay.targets import Target, ensure_delay_routes
 from recovery.replay.wire import wire_from_columns
 
@@ -172,6 +172,14 @@ class JobRunner:
                 return "busy"
             time.sleep(min(1.0, self.lease_seconds / 4))
 
+    def _count_out_of_scope(self, job):
+        """A team's job sends only what is in the team's scope when it runs: the messages it
+        selected that have left it since are not sent, and said so in the activity log."""
+        left_out = job_queryset(job).count() - job.total
+        if left_out > 0:
+            log.warning("replay job %s: %s messages out of its team's scope", job.pk, left_out)
+            self._activity("job_out_of_scope", {"left_out": left_out, "team": job.team_id})
+
     def _prepare(self, first_start):
         job = self.job
         if first_start:
@@ -180,6 +188,8 @@ class JobRunner:
             sql, params = selection_sql(job)
             job.total = self.store.populate(sql, params, job.canary_size)
             log.info("replay job %s: %s messages", job.pk, job.total)
+            if job.team_id is not None:
+                self._count_out_of_scope(job)
         reclaimed = self.store.reclaim()
         previous = self.store.previous_runner
         if reclaimed or (previous and previous != self.runner_id):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 
-from recovery.models import Message, Status
+from recovery.models import Message, Role, Scope, Status
 from recovery.replay.options import parse_message_ids
 from recovery.search.filters import MessageFilterForm, apply_filters
 
@@ -123,6 +123,12 @@ def job_queryset(job):
     ).exclude(last_replayed_at__gt=job.created_at)
 
 
+def scoped_job_queryset(job):
+    """``job_queryset`` within the scope its team has now (a team's job; see Scope.of_job):
+    a message moved out of scope, or re-scoped, since the job was made is left out."""
+    return job_queryset(job).filter(Scope.of_job(job).q(Role.OPERATOR))
+
+
 def selection_sql(job):
     """(sql, params) selecting ``id, replay_count`` of the job's messages (for the snapshot)."""
-    return job_queryset(job).values_list("id", "replay_count").query.sql_with_params()
+    return scoped_job_queryset(job).values_list("id", "replay_count").query.sql_with_params()

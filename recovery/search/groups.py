@@ -33,7 +33,7 @@ def _a_rollup_bound(moment, hourly_from):
     return utc == utc.replace(hour=0, minute=0, second=0, microsecond=0)
 
 
-def rollup_rows(filters):
+def rollup_rows(filters, scope=None):
     """MessageCount rows for these filters, or None when only the messages can answer exactly
     (a search, or since/until inside an hour, or inside a day the compaction folded). The
     rollup makes stats constant-time in the size of the store; it is exact because triggers
@@ -48,6 +48,8 @@ def rollup_rows(filters):
     ):
         return None
     rows = MessageCount.objects.order_by()
+    if scope is not None:  # the rollup has the messages' vhost and source columns
+        rows = rows.filter(scope.q())
     if filters.get("since"):
         rows = rows.filter(hour__gte=filters["since"])
     if filters.get("until"):
@@ -58,13 +60,17 @@ def rollup_rows(filters):
     return rows
 
 
-def count_by(filters):
-    """(by kind, by status, top queues) from the rollup, or from the messages when it cannot."""
-    rows = rollup_rows(filters)
+def count_by(filters, scope=None):
+    """(by kind, by status, top queues) from the rollup, or from the messages when it cannot;
+    ``scope``: a caller's Scope (a team counts its own)."""
+    rows = rollup_rows(filters, scope)
     if rows is not None:
         aggregate, column = Sum, "n"
     else:
-        rows, aggregate, column = apply_filters(Message.objects.order_by(), filters), Count, "id"
+        messages = Message.objects.order_by()
+        if scope is not None:
+            messages = scope.messages(messages)
+        rows, aggregate, column = apply_filters(messages, filters), Count, "id"
     total = aggregate(column)
     pending = Coalesce(aggregate(column, filter=Q(status=Status.PENDING)), 0)
     queue = "source_queue"
@@ -124,7 +130,7 @@ GROUP_FIELDS = (
 )
 
 
-def rollup_groups(filters):
+def rollup_groups(filters, scope=None):
     """Every group's row for these filters, from the rollup (counts, and the hours its newest
     and oldest matching messages are in) and two index probes per group (their exact times, and
     the label); None when only the messages can answer (``rollup_rows``).
@@ -133,7 +139,7 @@ def rollup_groups(filters):
     this reads the rollup and a few rows per group (p95 79 ms through the API, bench/ui.py), in
     one statement, so the counts and the probes see the same snapshot.
     """
-    rollup = rollup_rows(filters)
+    rollup = rollup_rows(filters, scope)
     if rollup is None:
         return None
     by_hour = (
@@ -151,7 +157,8 @@ def rollup_groups(filters):
         .exclude(total=0)
     )
     by_hour_sql, by_hour_params = by_hour.query.sql_with_params()
-    matching = apply_filters(Message.objects.all(), filters).query
+    messages = Message.objects.all() if scope is None else scope.messages()
+    matching = apply_filters(messages, filters).query
     try:
         where_sql, where_params = matching.get_compiler(connection=connection).compile(
             matching.where
@@ -207,20 +214,21 @@ def kept_times_answer(filters):
     return not (filters.get("q") or filters.get("since") or filters.get("until"))
 
 
-def kept_groups(filters, edge=None, reverse=False, limit=None):
+def kept_groups(filters, edge=None, reverse=False, limit=None, scope=None):
     """The groups' rows for these filters from the counts' kept times (``MessageTotal``: no
     probe of a group's messages unless one left it since the last compaction), most recently
     seen first (then by key), without labels (``attach_labels`` reads them for a page).
 
     ``edge`` = (last_seen, group_key) of a page's edge row: the rows after it, or with
     ``reverse`` the rows before it, nearest first; at most ``limit`` (None: all). Only for
-    filters ``kept_times_answer`` accepts."""
-    totals = MessageTotal.objects.all()
+    filters ``kept_times_answer`` accepts. ``scope``: a caller's Scope (a team's own groups)."""
+    totals = MessageTotal.objects.all() if scope is None else MessageTotal.objects.filter(scope.q())
     for name, column in ROLLUP_COLUMNS.items():
         if filters.get(name):
             totals = totals.filter(**{column: filters[name]})
     where_totals, totals_params = _where(totals)
-    where, where_params = _where(apply_filters(Message.objects.all(), filters))
+    messages = Message.objects.all() if scope is None else scope.messages()
+    where, where_params = _where(apply_filters(messages, filters))
     after, after_params = "true", []
     if edge is not None:
         newer = ">" if reverse else "<"
@@ -261,12 +269,15 @@ def attach_labels(groups):
     return groups
 
 
-def message_groups(filters):
+def message_groups(filters, scope=None):
     """Every group's row, aggregated over the matching messages (a search, or since/until
     inside an hour: what the rollup cannot answer exactly)."""
     # The key hashes queue, reason and exception, so MAX() of each is the group's value.
     return list(
-        narrow_search(apply_filters(Message.objects.all(), filters), filters)
+        narrow_search(
+            apply_filters(Message.objects.all() if scope is None else scope.messages(), filters),
+            filters,
+        )
         .order_by()
         .values("group_key")
         .annotate(

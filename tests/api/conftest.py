@@ -39,7 +39,7 @@ class ApiClient:
     def request(self, method, path, data=None, headers=None):
         if method == "GET":
             return self.get(path, data, headers)
-        if method in ("PATCH", "DELETE"):
+        if method in ("PUT", "PATCH", "DELETE"):
             send = getattr(self.client, method.lower())
             body = json.dumps(data) if data is not None else ""
             return send(path, body, content_type="application/json", **self.headers(headers))

@@ -14,11 +14,14 @@ import yaml
 from recovery.models import (
     AlertRule,
     ApiToken,
+    Membership,
     Message,
     NotificationChannel,
     ReplayAttempt,
     ReplayJob,
     Role,
+    Team,
+    TeamScope,
 )
 from tests.api.conftest import make_audit, make_message
 from tests.helpers import make_user
@@ -72,6 +75,42 @@ ENDPOINTS = [
     ("POST", "/api/v1/alert-channels/{channel}/rotate-secret", ADMIN, 200, None),
     ("GET", "/api/v1/uncovered-queues", VIEWER, 200, None),
     ("GET", "/api/v1/broker", VIEWER, 200, None),
+    ("GET", "/api/v1/teams", ADMIN, 200, None),
+    ("POST", "/api/v1/teams", ADMIN, 201, {"name": "matrix team 2"}),
+    ("GET", "/api/v1/teams/{team}", ADMIN, 200, None),
+    ("PUT", "/api/v1/teams/{team}", ADMIN, 200, {"name": "matrix team 3"}),
+    ("PATCH", "/api/v1/teams/{team}", ADMIN, 200, {"name": "matrix team 4"}),
+    ("DELETE", "/api/v1/teams/{team}", ADMIN, 204, None),
+    ("GET", "/api/v1/team-scopes", ADMIN, 200, None),
+    ("POST", "/api/v1/team-scopes", ADMIN, 201, {"team": "{team}", "queue_pattern": "m.*"}),
+    ("GET", "/api/v1/team-scopes/{team_scope}", ADMIN, 200, None),
+    (
+        "PUT",
+        "/api/v1/team-scopes/{team_scope}",
+        ADMIN,
+        200,
+        {"team": "{team}", "vhost": "/", "queue_pattern": "n.*", "exchange_pattern": ""},
+    ),
+    ("PATCH", "/api/v1/team-scopes/{team_scope}", ADMIN, 200, {"exchange_pattern": "x"}),
+    ("DELETE", "/api/v1/team-scopes/{team_scope}", ADMIN, 204, None),
+    ("GET", "/api/v1/team-memberships", ADMIN, 200, None),
+    (
+        "POST",
+        "/api/v1/team-memberships",
+        ADMIN,
+        201,
+        {"team": "{team}", "user": "token-owner", "role": "viewer"},
+    ),
+    ("GET", "/api/v1/team-memberships/{membership}", ADMIN, 200, None),
+    (
+        "PUT",
+        "/api/v1/team-memberships/{membership}",
+        ADMIN,
+        200,
+        {"team": "{team}", "user": "team-member", "role": "viewer"},
+    ),
+    ("PATCH", "/api/v1/team-memberships/{membership}", ADMIN, 200, {"role": "viewer"}),
+    ("DELETE", "/api/v1/team-memberships/{membership}", ADMIN, 204, None),
 ]
 PERSONAS = ["anonymous", "no-role", "viewer", "operator", "admin"]
 
@@ -91,6 +130,7 @@ def allowed(persona, minimum):
 @pytest.fixture
 def objects(wired):
     owner = make_user("token-owner", VIEWER)
+    team = Team.objects.create(name="matrix team")
     return {
         "message": make_message(source_queue="matrix.q"),
         "discarded": make_message(status="discarded", status_before_discard="pending"),
@@ -103,6 +143,12 @@ def objects(wired):
         "rule": AlertRule.objects.create(name="matrix rule", kind="audit"),
         "channel": NotificationChannel.objects.create(
             name="matrix channel", kind="webhook", target="http://h/"
+        ),
+        # A team with a member who is none of the personas: they keep their global roles.
+        "team": team,
+        "team_scope": TeamScope.objects.create(team=team, queue_pattern="matrix.*"),
+        "membership": Membership.objects.create(
+            team=team, user=make_user("team-member", None), role="operator"
         ),
     }
 
@@ -121,6 +167,9 @@ def state(objects):
         sorted(ReplayJob.objects.values_list("id", "state")),
         sorted(AlertRule.objects.values_list("id", "name", "muted_until")),
         sorted(NotificationChannel.objects.values_list("id", "enabled", "secret")),
+        sorted(Team.objects.values_list("id", "name")),
+        sorted(TeamScope.objects.values_list("id", "queue_pattern", "exchange_pattern")),
+        sorted(Membership.objects.values_list("id", "user_id", "role")),
     )
 
 
@@ -135,6 +184,8 @@ def test_role_matrix(api_as, objects, persona, method, path, minimum, ok_status,
     url = path.format(**ids)
     if body and "message_ids" in body:
         body = {"message_ids": [int(i.format(**ids)) for i in body["message_ids"]]}
+    if body and body.get("team") == "{team}":
+        body = {**body, "team": ids["team"]}
     before = state(objects)
     response = client.request(method, url, body)
     if persona == "anonymous":

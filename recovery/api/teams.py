@@ -1,0 +1,183 @@
+"""teams (admin): teams, their scopes and their members, so other teams' automation can be set
+up through the API as well as the console. Scopes are globs (``recovery.models.teams``); a bad
+pattern is a 400 naming the field."""
+
+from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import models
+from drf_spectacular.utils import extend_schema, extend_schema_view
+from rest_framework import generics, serializers
+
+from recovery.api.pagination import StrictCursorPagination
+from recovery.api.params import StrictCharField
+from recovery.api.permissions import requires
+from recovery.models import Activity, Membership, Role, Team, TeamScope
+
+AdminOnly = requires(Role.ADMIN)
+
+
+class StrictTeamField(serializers.PrimaryKeyRelatedField):
+    """A team's id, an integer (DRF alone would take "5")."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("incorrect_type", data_type=type(data).__name__)
+        return super().to_internal_value(data)
+
+
+class StrictModelSerializer(serializers.ModelSerializer):
+    # JSON bodies typed as the schema says: a number is no name.
+    serializer_field_mapping = {
+        **serializers.ModelSerializer.serializer_field_mapping,
+        models.CharField: StrictCharField,
+    }
+
+
+class TeamScopeSerializer(StrictModelSerializer):
+    team = StrictTeamField(queryset=Team.objects.all())
+
+    class Meta:
+        model = TeamScope
+        fields = ["id", "team", "vhost", "queue_pattern", "exchange_pattern"]
+
+    def validate(self, attrs):
+        scope = TeamScope(**{**self._current(), **attrs})
+        try:
+            scope.clean()
+        except DjangoValidationError as exc:
+            raise serializers.ValidationError({"non_field_errors": exc.messages}) from None
+        return attrs
+
+    def _current(self):
+        if self.instance is None:
+            return {}
+        fields = ("team", "vhost", "queue_pattern", "exchange_pattern")
+        return {name: getattr(self.instance, name) for name in fields}
+
+
+class MembershipSerializer(StrictModelSerializer):
+    team = StrictTeamField(queryset=Team.objects.all())
+    user = serializers.SlugRelatedField(
+        slug_field="username", queryset=get_user_model().objects.all(), help_text="username"
+    )
+    role = serializers.ChoiceField(choices=Membership.TeamRole.choices, required=False)
+
+    class Meta:
+        model = Membership
+        fields = ["id", "team", "user", "role"]
+
+
+class TeamSerializer(StrictModelSerializer):
+    scopes = TeamScopeSerializer(many=True, read_only=True)
+    members = MembershipSerializer(source="memberships", many=True, read_only=True)
+
+    class Meta:
+        model = Team
+        fields = ["id", "name", "created_at", "scopes", "members"]
+        read_only_fields = ["created_at"]
+
+
+class ByIdCursorPagination(StrictCursorPagination):
+    ordering = ("id",)
+
+
+class _Logged:
+    """Every change to who sees what is an activity row."""
+
+    permission_classes = [AdminOnly]
+    pagination_class = ByIdCursorPagination
+    noun = ""
+
+    def _log(self, verb, obj):
+        Activity.objects.create(
+            user=self.request.user,
+            action=f"{self.noun}_{verb}",
+            via="api",
+            detail={self.noun: str(obj), "id": obj.pk},
+        )
+
+    def perform_create(self, serializer):
+        self._log("created", serializer.save())
+
+    def perform_update(self, serializer):
+        self._log("changed", serializer.save())
+
+    def perform_destroy(self, instance):
+        self._log("deleted", instance)
+        instance.delete()
+
+
+@extend_schema_view(
+    get=extend_schema(summary="Teams, with their scopes and members (admin)"),
+    post=extend_schema(summary="Create a team (admin)"),
+)
+class TeamList(_Logged, generics.ListCreateAPIView):
+    serializer_class = TeamSerializer
+    queryset = Team.objects.prefetch_related("scopes", "memberships__user")
+    noun = "team"
+
+
+@extend_schema_view(
+    get=extend_schema(summary="One team (admin)"),
+    put=extend_schema(summary="Rename a team (admin)"),
+    patch=extend_schema(summary="Rename a team (admin)"),
+    delete=extend_schema(summary="Delete a team, its scopes and memberships (admin)"),
+)
+class TeamDetail(_Logged, generics.RetrieveUpdateDestroyAPIView):
+    serializer_class = TeamSerializer
+    queryset = Team.objects.prefetch_related("scopes", "memberships__user")
+    noun = "team"
+
+
+@extend_schema_view(
+    get=extend_schema(summary="Team scopes (admin)"),
+    post=extend_schema(
+        summary="Add a scope to a team (admin)",
+        description="A vhost and glob patterns (`*` any run of characters, `?` one, the rest "
+        "literal, matched against the whole name): a message is in scope when its vhost is "
+        "this one and its source queue matches `queue_pattern` or its source exchange matches "
+        "`exchange_pattern`. An empty pattern matches nothing; name at least one.",
+    ),
+)
+class TeamScopeList(_Logged, generics.ListCreateAPIView):
+    serializer_class = TeamScopeSerializer
+    queryset = TeamScope.objects.all()
+    noun = "team_scope"
+
+
+@extend_schema_view(
+    get=extend_schema(summary="One team scope (admin)"),
+    put=extend_schema(summary="Change a team scope (admin)"),
+    patch=extend_schema(summary="Change a team scope (admin)"),
+    delete=extend_schema(summary="Remove a team scope (admin)"),
+)
+class TeamScopeDetail(_Logged, generics.RetrieveUpdateDestroyAPIView):
+    serializer_class = TeamScopeSerializer
+    queryset = TeamScope.objects.all()
+    noun = "team_scope"
+
+
+@extend_schema_view(
+    get=extend_schema(summary="Team memberships (admin)"),
+    post=extend_schema(
+        summary="Add a user to a team with a role (admin)",
+        description="From then on the user has only their team roles, over their teams' "
+        "scopes (their global role no longer applies). Admins stay global.",
+    ),
+)
+class MembershipList(_Logged, generics.ListCreateAPIView):
+    serializer_class = MembershipSerializer
+    queryset = Membership.objects.select_related("user")
+    noun = "membership"
+
+
+@extend_schema_view(
+    get=extend_schema(summary="One membership (admin)"),
+    put=extend_schema(summary="Change a member's role (admin)"),
+    patch=extend_schema(summary="Change a member's role (admin)"),
+    delete=extend_schema(summary="Remove a user from a team (admin)"),
+)
+class MembershipDetail(_Logged, generics.RetrieveUpdateDestroyAPIView):
+    serializer_class = MembershipSerializer
+    queryset = Membership.objects.select_related("user")
+    noun = "membership"
