@@ -1,4 +1,4 @@
-from recovery.models import ROLE_ORDER, Role, role_of
+from recovery.models import ROLE_ORDER, Role, role_of, scope_of
 
 
 def roles(request):
@@ -10,4 +10,6 @@ def roles(request):
         "role": role.value if role is not None else "",
         "can_operate": rank >= ROLE_ORDER.index(Role.OPERATOR),
         "is_admin": rank >= ROLE_ORDER.index(Role.ADMIN),
+        # A team member's pages are narrowed to their teams; broker-wide pages refuse them.
+        "is_global": bool(user and user.is_authenticated and scope_of(request).is_global),
     }

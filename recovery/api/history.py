@@ -6,7 +6,7 @@ from rest_framework import generics, serializers
 
 from recovery.api.pagination import StrictCursorPagination
 from recovery.api.params import validated
-from recovery.models import HistoryAction, MessageHistory
+from recovery.models import HistoryAction, MessageHistory, scope_of
 
 
 class HistorySerializer(serializers.ModelSerializer):
@@ -64,10 +64,12 @@ class NewestActionFirstPagination(StrictCursorPagination):
 class HistoryList(generics.ListAPIView):
     serializer_class = HistorySerializer
     pagination_class = NewestActionFirstPagination
+    team_scoped = True
 
     def get_queryset(self):
         return MessageHistory.objects.filter(
-            **validated(HistoryFilterParams, self.request.query_params)
+            scope_of(self.request).history_q(),
+            **validated(HistoryFilterParams, self.request.query_params),
         )
 
     def paginate_queryset(self, queryset):

@@ -122,9 +122,12 @@ class DecodedBodySerializer(serializers.Serializer):
         (200, "application/json"): DecodedBodySerializer,
     },
 )
+@team_scoped
 @api_view(["GET"])
 def body(request, pk):
-    message = get_object_or_404(Message.objects.only(*BODY_FIELDS), pk=pk)
+    message = get_object_or_404(
+        scope_of(request).messages(Message.objects.only(*BODY_FIELDS)), pk=pk
+    )
     if not validated(BodyParams, request.query_params)["decoded"]:
         response = HttpResponse(message.body_bytes, content_type="application/octet-stream")
         response["Content-Disposition"] = f'attachment; filename="message-{message.pk}.bin"'

@@ -253,6 +253,19 @@ class Scope:
                     combined |= _name_q("exchange", scope.exchange_pattern)
         return combined
 
+    def history_q(self):
+        """Over the message history (``vhost``, ``queue``: it keeps no exchange): a team sees
+        the rows of the queues its queue patterns match. A row of a message that came through an
+        exchange (no queue) is seen by global callers only: failing closed."""
+        if self.teams is None:
+            return Q()
+        combined = NOTHING
+        for team in self.team_ids():
+            for scope in self.scopes.get(team, []):
+                if scope.queue_pattern:
+                    combined |= Q(vhost=scope.vhost) & _name_q("queue", scope.queue_pattern)
+        return combined
+
     def where_sql(self, minimum=Role.VIEWER):
         """``q()`` over recovery_message as (SQL, params), for the raw queries."""
         query = Message.objects.filter(self.q(minimum)).query

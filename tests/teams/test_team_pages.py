@@ -12,11 +12,13 @@ from recovery.models import (
     AuditRun,
     AuditWindow,
     Membership,
+    MessageHistory,
     Role,
     Team,
     TeamScope,
 )
 from tests.helpers import make_message, make_user
+from tests.teams.test_scope import member, team
 
 pytestmark = pytest.mark.django_db
 
@@ -224,3 +226,34 @@ def test_a_member_sees_the_audit_of_their_exchanges_and_groups_only(client, stor
     assert seen["totals"] == {}  # the whole broker's
     assert seen["warnings"] == [{"code": "unclaimed", "count": 2}]
     assert seen["outcome"] == "succeeded_with_warnings"  # never a plain success
+
+
+def test_a_team_sees_its_own_history_and_bodies_and_not_the_broker_wide_pages(client, api):
+    """History rows and the API's body endpoint are narrowed like the messages; the broker-wide
+    pages (broker, quarantine) are not in a team member's menu and refuse them."""
+
+    payments = team("payments", "pay.*")
+    user = member("pia", payments)
+    ours = make_message(source_queue="pay.cards", message_id="ours-1", body=b"ours")
+    theirs = make_message(source_queue="hr.payroll", message_id="theirs-1", body=b"theirs")
+    for message in (ours, theirs):
+        MessageHistory.objects.create(
+            message_id=message.message_id,
+            store_id=message.pk,
+            vhost=message.vhost,
+            queue=message.source_queue,
+            action="discard",
+        )
+    client.force_login(user)
+    page = client.get("/history/").content.decode()
+    assert "ours-1" in page and "theirs-1" not in page
+    searched = client.get("/history/", {"message_id": "theirs-1"}).content.decode()
+    assert ">theirs-1<" not in searched and ">ours-1<" not in searched
+    body = api.as_user(user)
+    assert body.get(f"/api/v1/messages/{ours.pk}/body").content == b"ours"
+    assert body.get(f"/api/v1/messages/{theirs.pk}/body").status_code == 404
+    rows = body.get("/api/v1/history").json()["results"]
+    assert [r["message_id"] for r in rows] == ["ours-1"]
+    menu = client.get("/").content.decode()
+    assert 'href="/broker/"' not in menu and 'href="/quarantine/"' not in menu
+    assert client.get("/quarantine/").status_code in (403, 404)
