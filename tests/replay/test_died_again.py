@@ -33,7 +33,9 @@ def stored(count, **filters):
 def row_of(html, pk):
     """The list row of message ``pk``."""
     href = reverse("message", args=[pk])
-    [row] = [r for r in re.findall(r"<tr>.*?</tr>", html, re.S) if f'<td><a href="{href}">' in r]
+    # The row's first link: the message's page (with the list to come back to, ?back=...).
+    link = re.compile(rf'<td[^>]*><a href="{re.escape(href)}(\?[^"]*)?"')
+    [row] = [r for r in re.findall(r"<tr>.*?</tr>", html, re.S) if link.search(r)]
     return row
 
 

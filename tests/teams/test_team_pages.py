@@ -4,6 +4,7 @@ groups and jobs; 404 for another team's message; everything for users in no team
 import datetime
 
 import pytest
+from django.conf import settings
 
 from recovery.collector.health import without_error_text
 from recovery.models import (
@@ -114,7 +115,10 @@ def test_a_teams_alert_rule_watches_its_scope_and_notifies_its_channels(client, 
         "/api/v1/alert-channels",
         {"name": "pay", "kind": "webhook", "target": "http://p/", "team": team},
     )
-    rule = {"name": "pay open", "kind": "open_messages", "vhost": "/", "team": team}
+    # A rule watches a vhost Lazarus watches (the session's test vhost once another test set it).
+    vhost = settings.RECOVERY_VHOSTS[0]
+    TeamScope.objects.create(team=stores["team"], vhost=vhost, queue_pattern="pay.*")
+    rule = {"name": "pay open", "kind": "open_messages", "vhost": vhost, "team": team}
     assert post("/api/v1/alert-rules", {**rule, "queue": "hr.payroll"}).status_code == 400
     assert post("/api/v1/alert-rules", rule).status_code == 400  # no queue: everything
     refused = post(
