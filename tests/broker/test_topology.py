@@ -51,6 +51,7 @@ def _depth(channel, queue):
     return channel.queue_declare(queue, passive=True).method.message_count
 
 
+@pytest.mark.slow  # a real collector and a message returned past its limit: ten seconds
 @pytest.mark.django_db(transaction=True)
 def test_a_message_past_a_recovery_queues_delivery_limit_is_parked_then_stored(
     amqp, wired, clean_queues

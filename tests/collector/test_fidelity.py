@@ -140,6 +140,7 @@ def test_bodies_come_back_byte_for_byte(collector, amqp, name, body):
     assert props.content_type == "text/plain"
 
 
+@pytest.mark.slow  # a scale test: 20 MB through the broker and the store
 def test_a_twenty_megabyte_body_comes_back_byte_for_byte(collector, amqp):
     body = os.urandom(21 * 1024 * 1024)
     row, _props, received = round_trip(amqp, "fid.body.large", body, message_id="fid-large")

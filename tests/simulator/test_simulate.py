@@ -55,6 +55,7 @@ def check_schema(rel_path, line, fields, outcomes):
     assert rel_path.startswith(ts.strftime("dt=%Y-%m-%d/hour=%H/")), (rel_path, ts)
 
 
+@pytest.mark.slow  # seconds of real simulated traffic each (the quick loop skips them)
 def test_it_leaves_real_dead_letters_unroutables_returns_and_logs_matching_its_truth(
     broker, tmp_path
 ):
@@ -138,6 +139,7 @@ def test_it_leaves_real_dead_letters_unroutables_returns_and_logs_matching_its_t
     assert {b["consumer_group"] for b in truth["bindings"]} >= {"demo.billing", "demo.shipping"}
 
 
+@pytest.mark.slow  # seconds of real simulated traffic each (the quick loop skips them)
 def test_the_same_seed_gives_the_same_run(broker, tmp_path):
     # No drops or crashes (their effects are observed, not planned), and a confirm timeout no
     # loaded machine reaches: a slow confirm must not turn into an unplanned resend.
@@ -178,6 +180,7 @@ def test_the_same_seed_gives_the_same_run(broker, tmp_path):
     drain(broker, Names.from_settings().dead_letters)
 
 
+@pytest.mark.slow  # seconds of real simulated traffic each (the quick loop skips them)
 def test_forced_drops_close_only_the_simulators_connections(broker, tmp_path):
     truth, _, _ = simulate(
         tmp_path, "--count", "60", "--rate", "40", "--drops", "2", "--crash", "0"
@@ -188,6 +191,7 @@ def test_forced_drops_close_only_the_simulators_connections(broker, tmp_path):
     broker.queue_declare("", exclusive=True)
 
 
+@pytest.mark.slow  # seconds of real simulated traffic each (the quick loop skips them)
 def test_it_loops_and_accumulates_rounds(broker, tmp_path):
     truth, printed, _ = simulate(
         tmp_path, "--count", "10", "--every", "0.1", "--rounds", "2", "--drops", "0"
@@ -200,6 +204,7 @@ def test_it_loops_and_accumulates_rounds(broker, tmp_path):
     assert "round 2:" in printed
 
 
+@pytest.mark.slow  # seconds of real simulated traffic each (the quick loop skips them)
 def test_a_duration_ends_the_loop(broker, tmp_path):
     # A round takes longer than the duration (the TTL queues alone need --ttl-ms to drain).
     started = time.monotonic()
