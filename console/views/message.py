@@ -13,7 +13,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from console.access import operator_required, viewer_required
 from console.forms.replay import DiscardForm, EditReplayForm, TargetForm, add_engine_errors
-from recovery.bodies import applies, decode_message
+from recovery.bodies import readable
 from recovery.client import headers as header_codec
 from recovery.errors import BrokerUnavailable, ReplayError
 from recovery.models import (
@@ -64,8 +64,8 @@ def message_body_views(message):
     reason above the raw forms."""
     views = body_views(message.body_bytes)
     views["decoded"] = None
-    if applies(message):
-        decoded = decode_message(message)
+    decoded = readable(message)
+    if decoded is not None:
         views["decoded"] = decoded
         views["decoded_text"] = (decoded.text or "")[:TEXT_LIMIT]
         if decoded.error is None and decoded.text is not None:
@@ -252,7 +252,7 @@ def message_edit(request, pk):
     body = body_views(message.body_bytes)
     body_editable = body["text"] is not None and not body["text_truncated"]
     # A decodable document is edited decoded unless the operator asked for the raw text.
-    decoded = decode_message(message) if applies(message) else None
+    decoded = readable(message)
     raw = (request.POST if request.method == "POST" else request.GET).get("raw") == "1"
     as_decoded = decoded if decoded is not None and decoded.editable and not raw else None
     if request.method == "POST":

@@ -7,7 +7,7 @@ from django.conf import settings
 
 from recovery.bodies.decode import Decoded, DecodeError, decode, encodings, needs_decoding
 
-__all__ = ["Decoded", "DecodeError", "decode", "decode_message", "needs_decoding"]
+__all__ = ["Decoded", "DecodeError", "decode", "decode_message", "needs_decoding", "readable"]
 
 
 def decode_message(message, rules=None, limit=None, partial=False):
@@ -18,15 +18,7 @@ def decode_message(message, rules=None, limit=None, partial=False):
     rule = DecoderRule.first_match(
         message.vhost, message.source_queue, message.source_exchange, rules
     )
-    return decode_with(
-        rule,
-        message.body_bytes,
-        message.content_type,
-        message.content_encoding,
-        (message.properties or {}).get("type") or "",
-        limit=limit,
-        partial=partial,
-    )
+    return _decode_with_rule(rule, message, limit, partial)
 
 
 def decode_with(
@@ -50,11 +42,27 @@ def decode_with(
     )
 
 
-def applies(message, rules=None):
-    """Whether the console should show a decoded form: the properties or a rule name a chain."""
+def readable(message, rules=None, limit=None):
+    """The decoded form for the console: ``decode_message``'s answer when the message's
+    properties or a decoder rule name a chain, else None (the raw views say it all). Reads the
+    rules once."""
     from recovery.models import DecoderRule
 
-    return needs_decoding(message.content_type, message.content_encoding) or (
-        DecoderRule.first_match(message.vhost, message.source_queue, message.source_exchange, rules)
-        is not None
+    rule = DecoderRule.first_match(
+        message.vhost, message.source_queue, message.source_exchange, rules
+    )
+    if rule is None and not needs_decoding(message.content_type, message.content_encoding):
+        return None
+    return _decode_with_rule(rule, message, limit)
+
+
+def _decode_with_rule(rule, message, limit=None, partial=False):
+    return decode_with(
+        rule,
+        message.body_bytes,
+        message.content_type,
+        message.content_encoding,
+        (message.properties or {}).get("type") or "",
+        limit=limit,
+        partial=partial,
     )

@@ -15,6 +15,7 @@ or corrupt stream is an ``error`` naming the layer, and the raw bytes stay one c
 the console whatever happens. The stored bytes never change; a replay sends them as stored.
 """
 
+import abc
 import base64
 import binascii
 import dataclasses
@@ -181,16 +182,18 @@ def _document(result, document, quiet=False):
     result.text = json.dumps(value, indent=2, ensure_ascii=False, default=_jsonable)
 
 
-class Document:
+class Document(abc.ABC):
     """What the innermost bytes are: parsed into a JSON-able value, and serialized back."""
 
     label = "document"
 
+    @abc.abstractmethod
     def parse(self, data):
-        raise NotImplementedError
+        """The JSON-able value of ``data``; DecodeError naming why not."""
 
+    @abc.abstractmethod
     def serialize(self, value):
-        raise NotImplementedError
+        """The bytes for ``value``; DecodeError naming the field that does not fit."""
 
 
 class JsonDocument(Document):

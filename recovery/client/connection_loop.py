@@ -20,6 +20,7 @@ differ in what they do with an outcome, not in how they keep a connection. The l
 Everything except ``_hand_to_loop`` and ``_call_soon`` runs on the I/O thread.
 """
 
+import abc
 import logging
 import threading
 import time
@@ -41,7 +42,7 @@ RECONNECT_MIN_S = 0.05
 RECONNECT_MAX_S = 2.0
 
 
-class ConnectionLoop:
+class ConnectionLoop(abc.ABC):
     """Connect, reconnect, confirm and drain on one I/O thread; subclasses say what to publish.
 
     Subclasses implement ``_drain`` (publish what waits, while ``_ready``), ``_confirmed(entries,
@@ -89,17 +90,21 @@ class ConnectionLoop:
 
     # ---- I/O thread: what subclasses provide ------------------------------------------------
 
+    @abc.abstractmethod
     def _drain(self):
-        raise NotImplementedError
+        """Provided by each subclass (see the class docstring)."""
 
+    @abc.abstractmethod
     def _confirmed(self, entries, acked):
-        raise NotImplementedError
+        """Provided by each subclass (see the class docstring)."""
 
+    @abc.abstractmethod
     def _on_return(self, channel, method, properties, body):
-        raise NotImplementedError
+        """Provided by each subclass (see the class docstring)."""
 
+    @abc.abstractmethod
     def _tick(self):
-        raise NotImplementedError
+        """Provided by each subclass (see the class docstring)."""
 
     def _prepare_channel(self, channel, then: Callable[[], None]):
         """Declare what the channel needs before confirms are turned on, then call ``then``."""
@@ -122,10 +127,10 @@ class ConnectionLoop:
         """A confirming channel is open."""
         self._drain()
 
-    def _blocked_changed(self, reason):
+    def _blocked_changed(self, reason):  # noqa: B027 - an optional hook, empty by default
         """Called after ``blocked`` changed (``reason``: the broker's, on blocking)."""
 
-    def _before_shutdown(self):
+    def _before_shutdown(self):  # noqa: B027 - an optional hook, empty by default
         """Last work on the I/O thread before the connection closes."""
 
     # ---- I/O thread: connection -------------------------------------------------------------
