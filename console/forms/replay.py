@@ -144,7 +144,12 @@ class EditReplayForm(TargetForm):
 
 
 class BulkActionForm(forms.Form):
-    ACTIONS = [("replay", "Replay"), ("discard", "Discard"), ("job", "New job")]
+    ACTIONS = [
+        ("replay", "Replay"),
+        ("discard", "Discard"),
+        ("job", "New job"),
+        ("compare", "Compare"),
+    ]
 
     action = forms.ChoiceField(choices=ACTIONS)
     ids = forms.CharField()
@@ -162,6 +167,12 @@ class BulkActionForm(forms.Form):
         if not ids:
             raise ValidationError("Select at least one message.")
         return ids
+
+    def clean(self):
+        data = super().clean()
+        if data.get("action") == "compare" and len(data.get("ids") or ()) != 2:
+            raise ValidationError("Compare needs exactly two selected messages.")
+        return data
 
 
 def option_field(option):

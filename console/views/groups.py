@@ -1,16 +1,30 @@
 """Failure groups: messages that failed the same way (queue + reason + exception fingerprint)."""
 
 import datetime
+from urllib.parse import urlencode
 
 from django import forms
 from django.contrib.auth.decorators import login_required
-from django.db.models import Max, Q
+from django.db.models import BinaryField, Max, Q
+from django.db.models.functions import Substr
+from django.http import Http404
 from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from console.access import viewer_required
-from recovery.models import Kind, MessageTotal, Reason, group_details, scope_of, team_scoped
+from console.views.paging import newest_first_page
+from recovery.models import (
+    Kind,
+    Message,
+    MessageTotal,
+    Reason,
+    attach_died_again,
+    group_details,
+    scope_of,
+    team_scoped,
+)
+from recovery.models.counts import sample_line
 from recovery.search.groups import group_counts
 
 PAGE_SIZE = 100
@@ -92,3 +106,45 @@ def group_list(request):
     if request.htmx and request.htmx.target == "group-table":
         template += "#group-table"
     return render(request, template, ctx)
+
+
+GROUP_PAGE_SIZE = 50
+PREVIEW_BYTES = 400
+
+
+@team_scoped
+@login_required
+@viewer_required
+@require_GET
+def group_detail(request, key):
+    """One failure group: a header card (reason, exception, queue, counts, first and last seen,
+    a sample) and its messages, newest first, with a body preview each."""
+    scope = scope_of(request)
+    counts = next(iter(group_counts(MessageTotal.objects.filter(scope.q(), group_key=key))), None)
+    details = group_details([key], scope.where_sql())
+    if counts is None or key not in details:
+        raise Http404("No such failure group (or none of its messages is yours to see).")
+    messages = scope.messages(
+        Message.objects.filter(group_key=key)
+        .only("id", "status", "message_id", "body_size", "collected_at", "replay_count")
+        .annotate(preview=Substr("body", 1, PREVIEW_BYTES, output_field=BinaryField()))
+    )
+    page = newest_first_page(messages, request.GET.get("before"), GROUP_PAGE_SIZE, "collected_at")
+    rows = attach_died_again(page.rows)
+    for row in rows:
+        row.preview_line = sample_line(bytes(row.preview or b""))
+    back = urlencode({"group": key})
+    return render(
+        request,
+        "groups/detail.html",
+        {
+            "key": key,
+            "group": {**counts, **details[key]},
+            "new_since": timezone.now() - NEW_GROUP_AGE,
+            "messages_page": rows,
+            "next_before": page.next_before,
+            "paged": bool(request.GET.get("before")),
+            # Each message's page comes back here, and pages through this group.
+            "back_suffix": "?" + urlencode({"back": back}),
+        },
+    )

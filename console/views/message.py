@@ -3,10 +3,13 @@
 import contextlib
 import datetime
 import json
+from urllib.parse import urlencode
 
 from django.contrib import messages as flash
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
+from django.db import OperationalError, transaction
+from django.db.models import Q
 from django.http import HttpResponse, QueryDict
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -31,6 +34,7 @@ from recovery.replay import (
     replay_message,
     restore_message,
 )
+from recovery.search.filters import MessageFilterForm, narrow_search, planner_settings
 
 HEX_LIMIT = 64 * 1024
 TEXT_LIMIT = 1024 * 1024
@@ -152,8 +156,48 @@ def message_detail(request, pk):
     context = _detail_context(message, scope_of(request))
     # The list it came from (filters, page): parsed and encoded again, so it can only ever be a
     # query string for the message list.
-    context["back"] = QueryDict(request.GET.get("back", "")).urlencode()
+    back = QueryDict(request.GET.get("back", ""))
+    context["back"] = back.urlencode()
+    context["back_suffix"] = "?" + urlencode({"back": context["back"]}) if back else ""
+    # Came from a group's page (its links say only group=<key>): back there, not to the list.
+    context["back_group"] = back["group"] if list(back) == ["group"] else None
+    context["newer"], context["older"] = list_neighbours(message, back, scope_of(request))
     return render(request, "messages/detail.html", context)
+
+
+NEIGHBOUR_TIMEOUT_MS = 2000
+
+
+def list_neighbours(message, back, scope):
+    """The ids of the messages just newer and just older than ``message`` in the list ``back``
+    names (its filters and search, newest first, as the list orders them), for previous/next
+    links that keep the filter; (None, None) when there is no list, or its search is too slow to
+    repeat within NEIGHBOUR_TIMEOUT_MS (the links are left out, the page still answers)."""
+    if not back:
+        return None, None
+    form = MessageFilterForm(back)
+    if not form.is_valid():
+        return None, None
+    rows = scope.messages(form.apply(Message.objects.all()))
+    at, pk = message.collected_at, message.pk
+    try:
+        with transaction.atomic(), planner_settings(statement_timeout=NEIGHBOUR_TIMEOUT_MS):
+            rows = narrow_search(rows, form.cleaned_data)
+            newer = (
+                rows.filter(Q(collected_at__gt=at) | Q(collected_at=at, id__gt=pk))
+                .order_by("collected_at", "id")
+                .values_list("id", flat=True)
+                .first()
+            )
+            older = (
+                rows.filter(Q(collected_at__lt=at) | Q(collected_at=at, id__lt=pk))
+                .order_by("-collected_at", "-id")
+                .values_list("id", flat=True)
+                .first()
+            )
+    except OperationalError:
+        return None, None
+    return newer, older
 
 
 def _status_response(request, message, error=None, status=200, target_form=None, notice=None):

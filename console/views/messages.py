@@ -122,6 +122,8 @@ def message_bulk(request):
             flash.error(request, " ".join(error))
         return _back(request)
     ids, action = form.cleaned_data["ids"], form.cleaned_data["action"]
+    if action == "compare":
+        return redirect(reverse("messages-compare") + "?" + urlencode({"a": ids[0], "b": ids[1]}))
     if action == "job":
         return redirect(reverse("job-new") + "?" + urlencode({"ids": ",".join(map(str, ids))}))
     if action == "replay":

@@ -30,7 +30,7 @@ def test_it_lists_groups_with_counts_and_first_last_seen(client, operator):
     assert [g["group_key"] for g in response.context["groups"]] == ["g1", "g2"]  # most open first
     html = response.content.decode()
     assert 'href="/jobs/new?group=g1"' in html
-    assert 'href="/messages/?group=g1"' in html
+    assert 'href="/groups/g1/"' in html  # the group's own page
 
 
 def test_it_filters_groups(client, viewer):
