@@ -53,6 +53,107 @@ WINDOW_COLUMNS = (
 )
 
 
+# The report's totals in the order an operator reads them, named in words (the code beside).
+TOTAL_LABELS = {
+    "lost": "Lost",
+    "unverified": "Unverified (input gaps)",
+    "unclaimed": "Unclaimed (no consumer expected)",
+    "dead_lettered": "Dead-lettered",
+    "recovered": "Recovered by Lazarus",
+    "dup_msgs": "Duplicated messages",
+    "dup_deliveries": "Duplicate deliveries",
+    "distinct_published": "Published (distinct)",
+    "confirmed": "Confirmed by the broker",
+    "expected_confirmed": "Confirmed and expected by a group",
+    "delivered_unique": "Delivered (unique)",
+    "pending": "Pending (not yet due)",
+    "nacked": "Nacked by the broker",
+    "returned": "Returned unroutable",
+    "unconfirmed": "Never confirmed",
+    "latency_p50_ms": "Latency p50 (ms)",
+    "latency_p95_ms": "Latency p95 (ms)",
+    "latency_p99_ms": "Latency p99 (ms)",
+    "latency_max_ms": "Latency max (ms)",
+    "within_sla_share": "Within the SLA (share)",
+    "late_deliveries": "Late deliveries",
+    "loss_ppm": "Loss (parts per million)",
+}
+
+
+def readable_totals(totals):
+    """(label, code, value) for every total: the known ones in reading order, the rest after
+    them alphabetically (labelled from their code)."""
+    known = [(TOTAL_LABELS[c], c, totals[c]) for c in TOTAL_LABELS if c in totals]
+    rest = [
+        (c.replace("_", " ").capitalize(), c, totals[c])
+        for c in sorted(totals)
+        if c not in TOTAL_LABELS
+    ]
+    return known + rest
+
+
+def headline(run, warnings, evidence_counts):
+    """The report's first lines: the loss (or that the audit cannot say), what it could not
+    decide, and what to do first, most urgent first. Never "all good" beside a warning."""
+    totals = run.totals or {}
+    lost = totals.get("lost")
+    steps = []
+    if lost:
+        steps.append(
+            (
+                f"Find the {lost} lost message(s): their ids, hour and consumer group are in the "
+                "evidence. Republish them from the producer's side (its log or retry cache): "
+                "Lazarus never held them.",
+                "lost",
+            )
+        )
+    stuck = (totals.get("dead_lettered") or 0) - (totals.get("recovered") or 0)
+    if stuck > 0:
+        steps.append(
+            (
+                f"{stuck} dead-lettered message(s) are not recovered yet: replay or discard "
+                "them from the message list.",
+                None,
+            )
+        )
+    codes = {w["code"] for w in warnings}
+    if codes & {"input_gaps", "unverified", "missing_consumer_logs", "orphan_consumptions"}:
+        steps.append(
+            (
+                "Find the missing log files (see the input gaps and the warnings) and run the "
+                "audit again for this day: its messages are unverified until then.",
+                "unverified" if evidence_counts.get("unverified") else None,
+            )
+        )
+    if codes & {"unclaimed", "no_bindings", "bindings_snapshot_only", "bindings_history_gap"}:
+        steps.append(
+            (
+                "Say which consumer groups should receive which routing keys (bindings or "
+                "AUDIT_EXPECTED_GROUPS): the audit cannot call unclaimed messages lost or fine.",
+                "unclaimed" if evidence_counts.get("unclaimed") else None,
+            )
+        )
+    if totals.get("dup_msgs"):
+        steps.append(
+            (
+                f"{totals['dup_msgs']} message(s) were processed more than once: check that "
+                "those consumers are idempotent.",
+                "duplicate" if evidence_counts.get("duplicate") else None,
+            )
+        )
+    if run.status != "succeeded" and not run.totals:
+        verdict, tone = "This audit has no result: it did not finish.", "bad"
+    elif lost is None:
+        verdict, tone = "This audit could not count losses.", "warn"
+    elif lost:
+        verdict, tone = f"{lost} message(s) lost.", "bad"
+    elif warnings:
+        verdict, tone = "Nothing proven lost, but not everything could be checked.", "warn"
+    else:
+        verdict, tone = "Nothing lost.", "ok"
+    return {"verdict": verdict, "tone": tone, "steps": steps}
+
+
 @team_scoped
 @login_required
 @viewer_required
@@ -166,15 +267,15 @@ def audit_detail(request, pk):
         }
         for w in windows
     ]
+    warnings = [{**w, "text": WARNING_TEXT.get(w["code"], w["code"])} for w in run.warnings or []]
     ctx = {
         "run": run,
-        "warnings": [
-            {**w, "text": WARNING_TEXT.get(w["code"], w["code"])} for w in run.warnings or []
-        ],
+        "headline": headline(run, warnings, evidence_counts),
+        "warnings": warnings,
         "rows": rows,
         "columns": WINDOW_COLUMNS,
         "charts": hourly_charts(windows),
-        "totals": sorted(run.totals.items()),
+        "totals": readable_totals(run.totals or {}),
         "revisions": revisions,
         "evidence_counts": sorted(evidence_counts.items()),
         "gaps": run.input_gaps.filter(scope.audit_q(with_exchange=False))[:100],

@@ -128,3 +128,60 @@ def test_evidence_links_to_stored_messages_or_a_search(client, viewer):
         {"window": "2026-11-20 10:00:00", "exchange": "orders", "consumer_group": "billing"},
     )
     assert len(window.context["rows"]) == 2
+
+
+def test_the_report_headlines_the_loss_and_what_to_do_first(client, viewer):
+    run = make_run()
+    run.totals = {**run.totals, "dead_lettered": 10, "recovered": 7, "unverified": 4}
+    run.warnings = [{"code": "input_gaps", "count": 1}, {"code": "unverified", "count": 4}]
+    run.save()
+    AuditEvidence.objects.create(
+        run=run, kind="lost", message_id="l-1", window_start=HOUR, exchange="orders"
+    )
+    client.force_login(viewer)
+
+    html = client.get(f"/audits/{run.pk}/").content.decode()
+
+    headline = html[html.index('id="audit-headline"') : html.index("</section>")]
+    assert (
+        html.index('id="audit-headline"') < html.index('id="run-warnings"') < html.index("Totals")
+    )
+    assert "headline-bad" in html and "<strong>2 message(s) lost.</strong>" in headline
+    assert "2 things the audit could not decide" in headline
+    steps = re.findall(r"<li>(.*?)</li>", headline.split('id="audit-steps"')[1])
+    assert steps[0].startswith("Find the 2 lost message(s)")
+    assert f'href="/audits/{run.pk}/evidence?kind=lost"' in steps[0]
+    assert steps[1].startswith("3 dead-lettered message(s) are not recovered yet")
+    assert steps[2].startswith("Find the missing log files")
+    assert steps[3].startswith("3 message(s) were processed more than once")
+    totals = html[html.index('id="totals"') :].split("</table>")[0]
+    labels = re.findall(r'<th title="([a-z_0-9]+)">', totals)
+    assert labels[:3] == ["lost", "unverified", "dead_lettered"]  # loss first, not alphabetical
+    assert "Published (distinct)" in totals
+
+
+@pytest.mark.parametrize(
+    "totals, warnings, verdict, tone",
+    [
+        ({"lost": 0, "distinct_published": 5}, [], "Nothing lost.", "ok"),
+        (
+            {"lost": 0, "distinct_published": 5},
+            [{"code": "unclaimed", "count": 2}],
+            "Nothing proven lost, but not everything could be checked.",
+            "warn",
+        ),
+        ({"distinct_published": 5}, [], "This audit could not count losses.", "warn"),
+    ],
+)
+def test_the_headline_is_green_only_when_nothing_is_lost_or_undecided(
+    client, viewer, totals, warnings, verdict, tone
+):
+    run = AuditRun.objects.create(
+        date=HOUR.date(), status="succeeded", totals=totals, warnings=warnings
+    )
+    client.force_login(viewer)
+    html = client.get(f"/audits/{run.pk}/").content.decode()
+    headline = html[html.index('id="audit-headline"') : html.index("</section>")]
+    assert f"<strong>{verdict}</strong>" in headline
+    assert f'class="headline headline-{tone}"' in html
+    assert ("What to do first" in headline) is bool(warnings)
