@@ -107,13 +107,38 @@
     event.preventDefault();
   });
 
+  // A wide table on a narrow screen scrolls sideways: make it a tab stop, so a keyboard can
+  // scroll it too (WCAG 2.1.1), named after the heading above it.
+  function focusableScrollers(root) {
+    root.querySelectorAll("table:not(.cards)").forEach(function (table) {
+      if (table.scrollWidth <= table.clientWidth) {
+        if (table.dataset.scroller) {
+          table.removeAttribute("tabindex");
+          delete table.dataset.scroller;
+        }
+        return;
+      }
+      if (table.hasAttribute("tabindex")) return;
+      table.setAttribute("tabindex", "0");
+      table.dataset.scroller = "1";
+      if (!table.getAttribute("aria-label")) {
+        var heading = table.closest("section, div, details");
+        heading = heading && heading.querySelector("h2, h3, summary");
+        table.setAttribute("aria-label", (heading ? heading.textContent.trim() + ": " : "") + "table, scrolls sideways");
+      }
+    });
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
     collapseOnPhones();
     renderCharts(document);
     updateSelection(document);
+    focusableScrollers(document);
   });
   document.addEventListener("htmx:load", function (event) {
     renderCharts(event.target);
     updateSelection(document);
+    focusableScrollers(document);
   });
+  window.addEventListener("resize", function () { focusableScrollers(document); });
 })();
