@@ -10,12 +10,17 @@
 - the optional allow-list ``ALERTS_TARGET_ALLOW`` (host names, host:port, addresses or CIDR
   networks) is checked against the name and the addresses it resolves to, and the connection
   goes to an address that was checked (a name that resolves elsewhere a moment later cannot
-  slip past it).
+  slip past it);
+- the name lookup counts against the same deadline: getaddrinfo has no timeout of its own (a
+  hung resolver holds it for the resolver's timeouts × attempts × search domains), so it runs
+  on a small pool of lookup threads and the send gives up when the deadline passes (the thread
+  finishes the lookup on its own and is reused).
 
 The response body is never read: the status says whether the receiver took the notification.
 A leaf module (no Django): console/settings.py checks ALERTS_TARGET_ALLOW with ``parse_allow``.
 """
 
+import concurrent.futures
 import functools
 import http.client
 import io
@@ -44,6 +49,25 @@ class Deadline:
         if left <= 0:
             raise TimeoutError(f"no answer within the {self.seconds:g} s deadline")
         return left
+
+
+# Lookups that outlive their send's deadline keep a thread until the resolver gives up: a few
+# threads are enough for the sends in flight, and a lookup that cannot start in time fails too.
+_LOOKUPS = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="alert-dns")
+
+
+def resolve(host: str, port: int, deadline: Deadline) -> list[str]:
+    """The addresses of ``host`` (deduplicated, in the resolver's order), or TimeoutError when
+    the lookup does not answer within what is left of ``deadline``."""
+    lookup = _LOOKUPS.submit(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
+    try:
+        resolved = lookup.result(timeout=deadline.remaining())
+    except concurrent.futures.TimeoutError:
+        lookup.cancel()
+        raise TimeoutError(
+            f"the name {host} did not resolve within the {deadline.seconds:g} s deadline"
+        ) from None
+    return list(dict.fromkeys(str(info[4][0]) for info in resolved))
 
 
 class _DeadlineSocket:
@@ -184,9 +208,7 @@ def post(url: str, body: bytes, headers: dict, deadline_seconds: float, allow=()
         raise DeliveryError("the target URL carries credentials: they are never sent")
     tls = parts.scheme == "https"
     port = parts.port or (443 if tls else 80)
-    # getaddrinfo has no timeout of its own: the resolver's (resolv.conf) bounds it.
-    resolved = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
-    addresses = list(dict.fromkeys(str(info[4][0]) for info in resolved))
+    addresses = resolve(parts.hostname, port, deadline)
     permitted = permitted_addresses(parts.hostname, port, addresses, parse_allow(allow))
     if not permitted:
         raise DeliveryError(
