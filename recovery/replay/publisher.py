@@ -20,6 +20,13 @@ Threads: ``submit``, ``take_outcomes``, ``withdraw`` and ``close`` are for one c
 job runner); all pika calls happen on the I/O thread. They share two deques (append/popleft are
 atomic) and an Event.
 
+Delay routes (a job with ``delay_seconds``) are declared on the channel that publishes to them
+(``want_route``), before the first publish to each, again on every new channel: RabbitMQ 4.2+
+(Khepri) confirms a declaration at a majority, so a publish on another connection, maybe to
+another node, might not find the exchange yet. A route the broker refuses to declare (a queue of
+that name with other arguments) fails the entries bound for it, with the broker's reason, after
+MAX_CHANNEL_FAILURES tries.
+
 A broker resource alarm (``connection.blocked``) does not stop it: at most ``window`` publishes
 wait in the blocked connection, their confirm timeout stopped until ``connection.unblocked``.
 """
@@ -32,6 +39,7 @@ from typing import NamedTuple
 
 from recovery.broker.connection import cluster_parameters
 from recovery.client.connection_loop import ConnectionLoop
+from recovery.replay.targets import delay_queue_arguments
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +110,11 @@ class AsyncPublisher(ConnectionLoop):
         self.resent = 0
         # I/O thread only.
         self._by_origin = {}  # x-recovery-origin -> unconfirmed Entry
+        # delay exchange -> (seconds, final exchange): declared before use (set by the caller)
+        self._routes = {}
+        self._declared = set()  # of those, declared on the current channel
+        self._declaring = None  # the one being declared now
+        self._route_failures = {}  # delay exchange -> channels the broker closed declaring it
         self._start()
 
     # ---- caller thread ----------------------------------------------------------------------
@@ -110,6 +123,13 @@ class AsyncPublisher(ConnectionLoop):
     def outstanding(self):
         """Entries submitted and not yet reported (queued, in flight or being resent)."""
         return self.submitted - self.taken
+
+    def want_route(self, name, seconds, final_exchange):
+        """Entries to the delay exchange ``name`` wait until it (and its TTL queue, dead-lettering
+        to ``final_exchange`` after ``seconds``) is declared on the publishing channel."""
+        # Set here, before the caller submits entries for it (a dict item is set atomically):
+        # a drain already scheduled must not publish them ahead of the declaration.
+        self._routes.setdefault(name, (seconds, final_exchange))
 
     def submit(self, entry):
         self.submitted += 1
@@ -145,6 +165,8 @@ class AsyncPublisher(ConnectionLoop):
 
     def _on_ready(self):
         self.connected = True
+        self._declared.clear()  # a new channel, maybe on another node: declare again
+        self._declaring = None
         self._drain()
 
     def _lost_channel(self, reason):
@@ -156,6 +178,12 @@ class AsyncPublisher(ConnectionLoop):
         if code is not None and code >= 400:
             self.last_error = f"channel closed by the broker: {code} {text}"
             log.warning("replay publisher: %s", self.last_error)
+        declaring, self._declaring = self._declaring, None
+        if declaring is not None and code is not None and code >= 400:
+            failures = self._route_failures.get(declaring, 0) + 1
+            self._route_failures[declaring] = failures
+            if failures >= MAX_CHANNEL_FAILURES:
+                self._fail_route(declaring, f"{code} {text}")
         retry = []
         for entry in lost:
             if code is not None and code >= 400:
@@ -203,6 +231,10 @@ class AsyncPublisher(ConnectionLoop):
                 entry = incoming.popleft()
             else:
                 return
+            if entry.exchange in self._routes and entry.exchange not in self._declared:
+                (resend if entry.attempts else incoming).appendleft(entry)
+                self._declare_route(entry.exchange)
+                return
             entry.returned = None
             try:
                 publish(
@@ -217,6 +249,42 @@ class AsyncPublisher(ConnectionLoop):
             entry.sent_at = now
             sent(entry)
             by_origin[entry.origin] = entry
+
+    def _declare_route(self, name):
+        """Exchange, TTL queue and binding of a delay route, one after another on this channel;
+        publishing goes on when the binding is confirmed. A refusal closes the channel
+        (``_lost_channel`` counts it against the route)."""
+        if self._declaring is not None:
+            return
+        self._declaring = name
+        seconds, final_exchange = self._routes[name]
+        channel = self._channel
+
+        def bound(_frame):
+            self._declaring = None
+            self._declared.add(name)
+            self._drain()
+
+        def queued(_frame):
+            channel.queue_bind(name, name, callback=bound)
+
+        def exchanged(_frame):
+            arguments = delay_queue_arguments(seconds, final_exchange)
+            channel.queue_declare(name, durable=True, arguments=arguments, callback=queued)
+
+        channel.exchange_declare(name, "fanout", durable=True, callback=exchanged)
+
+    def _fail_route(self, name, reason):
+        """Every entry waiting for the delay route ``name`` fails with the broker's reason."""
+        detail = f"the delay route {name} could not be declared: {reason}"
+        del self._routes[name]
+        for queue in (self._cache.to_send, self._incoming):
+            keep = [entry for entry in queue if entry.exchange != name]
+            for entry in queue:
+                if entry.exchange == name:
+                    self._report(entry, "failed", detail)
+            queue.clear()
+            queue.extend(keep)
 
     def _on_return(self, _channel, method, properties, _body):
         origin = (properties.headers or {}).get("x-recovery-origin")

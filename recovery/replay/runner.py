@@ -30,7 +30,6 @@ import time
 import uuid
 from collections import deque
 
-import pika.exceptions
 import psycopg
 from django.conf import settings
 from django.utils import timezone
@@ -44,7 +43,7 @@ from recovery.replay.publisher import AsyncPublisher, Entry
 from recovery.replay.recorder import RECORDERS, Recorder, Recorders
 from recovery.replay.safety import breaker_reason, canary_reason
 from recovery.replay.selection import job_queryset, selection_sql
-from recovery.replay.targets import Target, ensure_delay_routes
+from recovery.replay.targets import Target, delay_name
 from recovery.replay.wire import wire_from_columns
 
 log = logging.getLogger(__name__)
@@ -114,7 +113,6 @@ class JobRunner:
         self.dead = 0
         self.confirmed_before = 0
         self.last_breaker_check = 0.0
-        self.stalled_until, self.stalled_reason = 0.0, ""
         self.disconnected_since = None
 
     # ---- entry point ----------------------------------------------------------------------
@@ -242,8 +240,8 @@ class JobRunner:
                     return self._stop(verdict)
                 next_control = now + CONTROL_S
             if self.claims.done():
-                self._staged_claim(now)
-            if self._may_claim(now):
+                self._staged_claim()
+            if self._may_claim():
                 self._claim()
             room = max(0, self.window - self.sent_unrecorded)
             for _ in range(self.pacer.allowance(now, min(len(self.buffer), room))):
@@ -267,7 +265,7 @@ class JobRunner:
                 self.wakeup.wait(min(wait, 0.05))
             elif self.buffer:
                 self.wakeup.wait(0.05)  # the window is full: for outcomes or the recorders
-            elif not self._may_claim(now):
+            elif not self._may_claim():
                 self.wakeup.wait(0.05)  # for a claim, outcomes, the recorders, a stalled broker
 
     @property
@@ -282,14 +280,13 @@ class JobRunner:
         <= window)."""
         return self.unrecorded - len(self.buffer)
 
-    def _may_claim(self, now):
+    def _may_claim(self):
         return (
             not self.exhausted
             and not self.claims.running
             and not self.buffer
             and self.canary_until is None
             and self.unrecorded < self.window + self.claim_batch
-            and now >= self.stalled_until
         )
 
     def _claim(self):
@@ -297,17 +294,10 @@ class JobRunner:
         limit = min(self.claim_batch, self.window + self.claim_batch - self.unrecorded)
         self.claims.start(limit, self.job.allowed_statuses, self.canary)
 
-    def _staged_claim(self, now):
+    def _staged_claim(self):
         claimed, _skipped, any_left = self.claims.result()
         self.exhausted = not any_left
-        try:
-            self._stage(claimed)
-        except (pika.exceptions.AMQPError, OSError) as exc:
-            # No delay route without the broker: give the batch back and try again soon.
-            self.store.release([c.item_id for c in claimed])
-            self.claims.rewind()
-            self.exhausted, self.stalled_until = False, now + 1.0
-            self.stalled_reason = f"cannot declare the delay queue ({exc!r})"
+        self._stage(claimed)
 
     def _running_claim_items(self):
         """The item ids of a claim still running, once it is done (the job is stopping)."""
@@ -357,19 +347,19 @@ class JobRunner:
         return None
 
     def _stage(self, claimed):
-        """Claimed rows -> wire entries in the buffer. Raises AMQPError/OSError (nothing
-        staged) if a delay route cannot be declared."""
+        """Claimed rows -> wire entries in the buffer (a delay route is declared by the
+        publisher before the first entry to it is published)."""
         target, pending, buffer = self.target, self.pending, self.buffer
         now = timezone.now().replace(tzinfo=None)
         finals = [
             target.final(c.kind, c.source_queue, c.source_exchange, c.routing_keys) for c in claimed
         ]
         if target.delay_seconds:
+            # Declared by the publisher, on the channel it publishes them on (Khepri, 4.2+).
             needed = {(c.vhost, f[0]) for c, f in zip(claimed, finals, strict=True)}
             for vhost, final_exchange in needed - self.declared_delays:
-                ensure_delay_routes(
-                    vhost, target.delay_seconds, [final_exchange], url=self.broker_url
-                )
+                name = delay_name(target.delay_seconds, final_exchange)
+                self._publisher(vhost).want_route(name, target.delay_seconds, final_exchange)
                 self.declared_delays.add((vhost, final_exchange))
         for c, (final_exchange, final_key) in zip(claimed, finals, strict=True):
             exchange, key = target.route(final_exchange, final_key)
@@ -439,8 +429,6 @@ class JobRunner:
         return sum(p.outstanding for p in self.publishers.values())
 
     def _broker_reason(self, now):
-        if now < self.stalled_until + BROKER_QUIET_S:
-            return f"waiting for RabbitMQ: {self.stalled_reason}"
         down = [p for p in self.publishers.values() if not p.connected]
         if not down:
             self.disconnected_since = None

@@ -16,11 +16,9 @@ final target leaves messages visible in the delay queue rather than dropping the
 
 from dataclasses import dataclass
 
-import pika
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
-from recovery.broker.connection import cluster_parameters, connect
 from recovery.models import default_target_of
 from recovery.replay.options import QUEUE_OR_EXCHANGE, names_queue_and_exchange
 
@@ -66,38 +64,30 @@ def delay_name(seconds, final_exchange=""):
     return f"{name}.to.{final_exchange}" if final_exchange else name
 
 
+def delay_queue_arguments(seconds, final_exchange=""):
+    """The arguments of the TTL queue that delays messages for ``final_exchange``."""
+    return {
+        "x-queue-type": "quorum",
+        "x-message-ttl": int(seconds * 1000),
+        "x-dead-letter-exchange": final_exchange,
+        # at-least-once dead-lettering needs reject-publish: a full delay queue refuses
+        # (nacks) new messages instead of dropping its oldest ones.
+        "x-dead-letter-strategy": "at-least-once",
+        "x-overflow": "reject-publish",
+    }
+
+
 def declare_delay_route(channel, seconds, final_exchange=""):
-    """Declare (idempotently) the exchange + TTL queue delaying messages for ``final_exchange``."""
+    """Declare (idempotently) the exchange + TTL queue delaying messages for ``final_exchange``
+    on a blocking channel (the one-click path; a bulk job's publisher declares its routes on its
+    own channel, recovery.replay.publisher.AsyncPublisher.want_route)."""
     name = delay_name(seconds, final_exchange)
     channel.exchange_declare(name, "fanout", durable=True)
     channel.queue_declare(
-        name,
-        durable=True,
-        arguments={
-            "x-queue-type": "quorum",
-            "x-message-ttl": int(seconds * 1000),
-            "x-dead-letter-exchange": final_exchange,
-            # at-least-once dead-lettering needs reject-publish: a full delay queue refuses
-            # (nacks) new messages instead of dropping its oldest ones.
-            "x-dead-letter-strategy": "at-least-once",
-            "x-overflow": "reject-publish",
-        },
+        name, durable=True, arguments=delay_queue_arguments(seconds, final_exchange)
     )
     channel.queue_bind(name, name)
     return name
-
-
-def ensure_delay_routes(vhost, seconds, final_exchanges, url=None):
-    """Declare the delay routes a job or a one-click replay needs, on its own connection."""
-    connection = (
-        connect(vhost) if url is None else pika.BlockingConnection(cluster_parameters(vhost, url))
-    )
-    try:
-        channel = connection.channel()
-        return [declare_delay_route(channel, seconds, exchange) for exchange in final_exchanges]
-    finally:
-        if connection.is_open:
-            connection.close()
 
 
 AMQP_NAME_LIMIT = 255  # shortstr: exchange, queue and routing key names are at most 255 bytes

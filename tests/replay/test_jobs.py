@@ -191,6 +191,59 @@ def test_a_delayed_job_parks_messages_in_the_delay_queue(wired, amqp, operator, 
     wait_for(lambda: queue_depth("jobs.later") == 10, timeout=15, message="delayed arrival")
 
 
+def test_a_delayed_job_declares_its_route_on_the_connection_it_publishes_on(
+    wired, amqp, operator, settings, monkeypatch
+):
+    """RabbitMQ 4.2+ (Khepri) confirms a declaration at a majority: a publish on another
+    connection, maybe to another node, may not find a new delay exchange yet. The job opens no
+    connection but its publisher's (a blocking one is how a route used to be declared)."""
+    import pika
+
+    settings.REPLAY_DELAYS = [3]
+    amqp.exchange_delete("recovery.delay.3s")
+    amqp.queue_delete("recovery.delay.3s")
+    declare_app_queue(amqp, "jobs.khepri")
+    dead_letters("jobs.khepri", 20)
+    opened = []
+    real = pika.BlockingConnection
+    monkeypatch.setattr(
+        pika, "BlockingConnection", lambda *a, **k: opened.append(1) or real(*a, **k)
+    )
+
+    job = create_job(operator, filters={"queue": "jobs.khepri"}, delay_seconds=3)
+    assert run(job) == "done"
+
+    assert opened == []
+    assert job.confirmed == 20
+    assert queue_depth("recovery.delay.3s") == 20
+    amqp.queue_delete("recovery.delay.3s")
+    amqp.exchange_delete("recovery.delay.3s")
+
+
+def test_a_delay_route_the_broker_refuses_fails_its_items_with_the_reason(
+    wired, amqp, operator, settings
+):
+    settings.REPLAY_DELAYS = [4]
+    amqp.exchange_delete("recovery.delay.4s")
+    amqp.queue_delete("recovery.delay.4s")
+    # A queue of the route's name with other arguments: its declaration is refused (406).
+    amqp.queue_declare("recovery.delay.4s", durable=True, arguments={"x-message-ttl": 99})
+    declare_app_queue(amqp, "jobs.refused")
+    dead_letters("jobs.refused", 5)
+
+    job = create_job(operator, filters={"queue": "jobs.refused"}, delay_seconds=4)
+    run(job)
+
+    assert job.confirmed == 0 and job.failed == 5
+    details = set(ReplayJobItem.objects.filter(job=job).values_list("detail", flat=True))
+    assert len(details) == 1
+    [detail] = details
+    assert "the delay route recovery.delay.4s could not be declared: 406" in detail
+    assert "x-message-ttl" in detail
+    assert queue_depth("recovery.delay.4s") == 0
+    amqp.queue_delete("recovery.delay.4s")
+
+
 def test_a_rate_limited_job_keeps_its_rate(wired, amqp, operator):
     declare_app_queue(amqp, "jobs.slow")
     dead_letters("jobs.slow", 150)

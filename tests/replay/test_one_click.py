@@ -120,20 +120,18 @@ def test_a_delayed_replay_declares_its_route_on_the_connection_it_publishes_on(
 ):
     """RabbitMQ 4.2+ (Khepri) confirms a declaration at a majority: a publish on another
     connection, maybe to another node, may not find the new delay exchange yet."""
-    from recovery.broker import confirms
-    from recovery.replay import targets
+    import pika
 
     settings.REPLAY_DELAYS = [3]
     amqp.exchange_delete("recovery.delay.3s")
     amqp.queue_delete("recovery.delay.3s")
     declare_app_queue(amqp, "one.khepri")
     [message] = stored_dead_letters("one.khepri", 1, body=b"k")
-    opened = []
-    for module in (confirms, targets):  # every connection a one-click replay may open
-        real = module.connect
-        monkeypatch.setattr(
-            module, "connect", lambda *a, _real=real, **k: opened.append(1) or _real(*a, **k)
-        )
+    opened = []  # every connection a one-click replay opens
+    real = pika.BlockingConnection
+    monkeypatch.setattr(
+        pika, "BlockingConnection", lambda *a, **k: opened.append(1) or real(*a, **k)
+    )
 
     attempt = replay_message(message, user=operator, delay_seconds=3)
 
