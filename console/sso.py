@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import requests
 from authlib.integrations.base_client import MismatchingStateError, OAuthError
 from authlib.integrations.django_client import OAuth
-from authlib.jose import errors as jose_errors
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.validators import UnicodeUsernameValidator
@@ -161,23 +160,23 @@ def _token_error(exc):
             "Lazarus does not trust it. If the provider rotated its keys, try again; otherwise "
             "someone may be forging tokens.",
         )
-    if isinstance(exc, jose_errors.ExpiredTokenError):
+    if isinstance(exc, joserfc_errors.ExpiredTokenError):
         return SignInError(
             "The id token has expired already",
-            "The provider's clock and this server's differ by more than "
+            "The provider's clock is behind this server's by more than "
             f"OIDC_CLOCK_LEEWAY_SECONDS ({settings.OIDC_CLOCK_LEEWAY_SECONDS} s), or the token "
             "is old. Check both clocks (NTP).",
             400,
         )
-    if isinstance(exc, jose_errors.InvalidTokenError):
+    claim = getattr(exc, "claim", "") or ""
+    if claim in ("iat", "nbf") and isinstance(exc, joserfc_errors.InvalidClaimError):
         return SignInError(
             "The id token is dated in the future",
-            f"{exc.description or 'It is not valid yet'}: the provider's clock is ahead of this "
-            f"server's by more than OIDC_CLOCK_LEEWAY_SECONDS "
-            f"({settings.OIDC_CLOCK_LEEWAY_SECONDS} s). Check both clocks (NTP).",
+            f"{exc.description}: the provider's clock is ahead of this server's by more than "
+            f"OIDC_CLOCK_LEEWAY_SECONDS ({settings.OIDC_CLOCK_LEEWAY_SECONDS} s). Check both "
+            "clocks (NTP).",
             400,
         )
-    claim = getattr(exc, "claim_name", "") or ""
     if claim == "nonce":
         return SignInError(
             "The id token was not issued for this sign-in",
@@ -188,7 +187,8 @@ def _token_error(exc):
     if claim:
         return SignInError(
             "The id token is not acceptable",
-            f"Its {claim!r} claim is {'missing' if 'Missing' in type(exc).__name__ else 'wrong'} "
+            f"Its {claim!r} claim is "
+            f"{'missing' if isinstance(exc, joserfc_errors.MissingClaimError) else 'wrong'} "
             "(iss must be OIDC_ISSUER, aud OIDC_CLIENT_ID).",
         )
     return SignInError("The id token is not acceptable", str(exc))
@@ -199,12 +199,12 @@ def explain(exc):
     if isinstance(exc, SignInError):
         return exc
     if isinstance(exc, (requests.RequestException, ValueError)) and not isinstance(
-        exc, (jose_errors.JoseError, joserfc_errors.JoseError)
+        exc, joserfc_errors.JoseError
     ):
         error = _provider_unreachable(exc)
     elif isinstance(exc, OAuthError):
         error = _oauth_error(exc)
-    elif isinstance(exc, (jose_errors.JoseError, joserfc_errors.JoseError)):
+    elif isinstance(exc, joserfc_errors.JoseError):
         error = _token_error(exc)
     elif isinstance(exc, (RuntimeError, KeyError)):
         # Authlib's own complaints about the provider's metadata (no jwks_uri, ...).
@@ -229,12 +229,13 @@ def claims_of(token):
             "client an OpenID Connect client at the provider?",
         )
     claims = dict(claims)
-    if claim_at(claims, settings.OIDC_GROUPS_CLAIM) is None:
-        if client().load_server_metadata().get("userinfo_endpoint"):
-            userinfo = dict(client().userinfo(token=token))
-            groups = claim_at(userinfo, settings.OIDC_GROUPS_CLAIM)
-            if userinfo.get("sub") == claims.get("sub") and groups is not None:
-                claims[settings.OIDC_GROUPS_CLAIM] = groups
+    if claim_at(claims, settings.OIDC_GROUPS_CLAIM) is None and client().load_server_metadata().get(
+        "userinfo_endpoint"
+    ):
+        userinfo = dict(client().userinfo(token=token))
+        groups = claim_at(userinfo, settings.OIDC_GROUPS_CLAIM)
+        if userinfo.get("sub") == claims.get("sub") and groups is not None:
+            claims[settings.OIDC_GROUPS_CLAIM] = groups
     return claims
 
 
@@ -326,8 +327,8 @@ def _decide(claims):
     grant = Grant.of(groups)
     if grant.empty:
         reason = (
-            "None of your groups at the identity provider is mapped to a Lazarus role or team"
-            f"{' (you are in: ' + ', '.join(sorted(groups)) + ')' if groups else ' (you are in no group)'}. "
+            "None of your groups at the identity provider is mapped to a Lazarus role or team "
+            f"({'you are in: ' + ', '.join(sorted(groups)) if groups else 'you are in no group'}). "
             "Ask a Lazarus administrator to map one of them, or your provider's administrator "
             "to add you to a mapped group."
         )

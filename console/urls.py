@@ -33,9 +33,7 @@ urlpatterns = [
     path("sso/login/", sso.sso_login, name="sso-login"),
     path("sso/callback", sso.sso_callback, name="sso-callback"),
     path("sso/mappings/", sso_mappings.mapping_list, name="sso-mappings"),
-    path(
-        "sso/mappings/<int:pk>/delete", sso_mappings.mapping_delete, name="sso-mapping-delete"
-    ),
+    path("sso/mappings/<int:pk>/delete", sso_mappings.mapping_delete, name="sso-mapping-delete"),
     path("messages/", messages.message_list, name="messages"),
     path("messages/bulk", messages.message_bulk, name="messages-bulk"),
     path(

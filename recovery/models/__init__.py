@@ -58,7 +58,7 @@ from recovery.models.replay import (
     ReplayJobItem,
     mark_died_again,
 )
-from recovery.models.sso import GroupMapping, Grant, SsoIdentity, log_refusal
+from recovery.models.sso import Grant, GroupMapping, SsoIdentity, log_refusal
 from recovery.models.store import (
     DIED_AGAIN,
     DISCARDABLE,

@@ -39,7 +39,9 @@ class GroupMapping(models.Model):
         ordering = ["group", "id"]
         constraints = [
             models.UniqueConstraint(
-                fields=["group", "team"], name="sso_mapping_group_team", violation_error_message="this group already gives a role in this team"
+                fields=["group", "team"],
+                name="sso_mapping_group_team",
+                violation_error_message="this group already gives a role in this team",
             ),
             models.UniqueConstraint(
                 fields=["group"],

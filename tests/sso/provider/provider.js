@@ -3,10 +3,14 @@
 //
 //   node provider.js CONFIG.json
 //
-// CONFIG: {"port": 0, "issuer": "http://127.0.0.1:PORT", "clients": [...], "users": {...},
-//          "keyId": "k1", "clockOffsetSeconds": 0, "publishOtherKey": false,
-//          "redirectUriPattern": "^http://(testserver|127\\.0\\.0\\.1:\\d+)/sso/callback$"}
-// Once it listens it prints one line, "listening <issuer>", on stdout.
+// CONFIG: {"port": 8999, "issuer": "http://127.0.0.1:8999", "clients": [...],
+//          "usersFile": "users.json", "keyId": "k1", "idTokenTtlSeconds": 3600,
+//          "clockOffsetSeconds": 0, "publishOtherKey": false, "allowLocalRedirects": true}
+// usersFile: {"alice": {"password": "...", "groups": ["..."]}, ...}, read at every sign-in (a
+// test changes someone's groups by rewriting it); a user without "groups" gets no groups claim.
+// allowLocalRedirects: any http://testserver, localhost or 127.0.0.1 port may be a redirect URI
+// (/sso/callback) or a post-logout redirect URI (/login/): the tests' servers have random ports.
+// Once it listens it prints one line, "listening <issuer> <port>", on stdout.
 //
 // Test-only switches, each a way a real deployment goes wrong:
 //   clockOffsetSeconds  the provider's clock runs this far ahead (negative: behind), so the
@@ -36,7 +40,9 @@ const signingKey = rsaKey(keyId);
 const publishedKey = config.publishOtherKey ? rsaKey(keyId) : signingKey;
 const publicPart = ({ kty, n, e, kid, use, alg }) => ({ kty, n, e, kid, use, alg });
 
-const users = config.users;
+function users() {
+  return JSON.parse(readFileSync(config.usersFile, 'utf8'));
+}
 
 function escape(text) {
   return String(text).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
@@ -51,6 +57,7 @@ const provider = new Provider(config.issuer, {
   clients: config.clients,
   jwks: { keys: [signingKey] },
   pkce: { required: () => true },
+  ttl: { IdToken: config.idTokenTtlSeconds || 3600 },
   conformIdTokenClaims: false,
   claims: {
     openid: ['sub'],
@@ -75,7 +82,7 @@ const provider = new Provider(config.issuer, {
   },
   interactions: { url: (ctx, interaction) => `/interaction/${interaction.uid}` },
   async findAccount(ctx, id) {
-    const user = users[id];
+    const user = users()[id];
     if (!user) return undefined;
     return {
       accountId: id,
@@ -102,8 +109,10 @@ const provider = new Provider(config.issuer, {
   },
 });
 
-if (config.redirectUriPattern) {
-  const allowed = new RegExp(config.redirectUriPattern);
+if (config.allowLocalRedirects) {
+  const local = '^http://(testserver|localhost:\\d+|127\\.0\\.0\\.1:\\d+)';
+  const allowed = new RegExp(`${local}/sso/callback$`);
+  const allowedAfterLogout = new RegExp(`${local}/login/(\\?.*)?$`);
   const { prototype } = provider.Client;
   const redirectUriAllowed = prototype.redirectUriAllowed;
   const postLogoutRedirectUriAllowed = prototype.postLogoutRedirectUriAllowed;
@@ -111,7 +120,7 @@ if (config.redirectUriPattern) {
     return allowed.test(value) || redirectUriAllowed.call(this, value);
   };
   prototype.postLogoutRedirectUriAllowed = function (value) {
-    return /^http:\/\/(testserver|127\.0\.0\.1:\d+)\/login\/(\?.*)?$/.test(value)
+    return allowedAfterLogout.test(value)
       || postLogoutRedirectUriAllowed.call(this, value);
   };
 }
@@ -144,7 +153,7 @@ provider.use(async (ctx, next) => {
   if (ctx.method === 'POST') {
     const form = await readForm(ctx.req);
     const login = form.get('login') || '';
-    const user = users[login];
+    const user = users()[login];
     if (user && user.password === form.get('password')) {
       await provider.interactionFinished(ctx.req, ctx.res, { login: { accountId: login } },
         { mergeWithLastSubmission: false });
