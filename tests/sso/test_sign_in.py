@@ -186,3 +186,12 @@ def test_the_login_page_offers_the_provider(client, sso):
     page = client.get("/login/").content.decode()
     assert f"Sign in with {PROVIDER_NAME}" in page
     assert 'href="/sso/login/"' in page
+
+
+def test_the_logout_redirect_to_the_provider_is_allowed_by_the_csp(client, sso, settings):
+    """The logout form's POST is redirected to the provider: form-action allows its origin
+    (and only with single sign-on on)."""
+    policy = client.get("/login/")["Content-Security-Policy"]
+    assert f"form-action 'self' {sso.issuer};" in policy
+    settings.OIDC_ISSUER = ""
+    assert "form-action 'self';" in client.get("/login/")["Content-Security-Policy"]
