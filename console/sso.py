@@ -219,8 +219,9 @@ def explain(exc):
 
 
 def claims_of(token):
-    """The validated id token's claims; when they lack the groups claim and the provider has a
-    userinfo endpoint, the userinfo's groups (some providers send groups there only)."""
+    """The validated id token's claims; when they lack the username or groups claim and the
+    provider has a userinfo endpoint, the userinfo answer's claims fill in what is missing
+    (providers that keep id tokens small send profile and groups claims there only)."""
     claims = token.get("userinfo")
     if not claims:
         raise SignInError(
@@ -229,13 +230,17 @@ def claims_of(token):
             "client an OpenID Connect client at the provider?",
         )
     claims = dict(claims)
-    if claim_at(claims, settings.OIDC_GROUPS_CLAIM) is None and client().load_server_metadata().get(
-        "userinfo_endpoint"
-    ):
+    wanted = (settings.OIDC_USERNAME_CLAIM, settings.OIDC_GROUPS_CLAIM)
+    missing = [name for name in wanted if claim_at(claims, name) is None]
+    if missing and client().load_server_metadata().get("userinfo_endpoint"):
         userinfo = dict(client().userinfo(token=token))
-        groups = claim_at(userinfo, settings.OIDC_GROUPS_CLAIM)
-        if userinfo.get("sub") == claims.get("sub") and groups is not None:
-            claims[settings.OIDC_GROUPS_CLAIM] = groups
+        if userinfo.get("sub") == claims.get("sub"):
+            for name, value in userinfo.items():
+                claims.setdefault(name, value)
+            for name in missing:
+                value = claim_at(userinfo, name)
+                if value is not None:
+                    claims[name] = value
     return claims
 
 

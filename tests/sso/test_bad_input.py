@@ -122,7 +122,7 @@ def test_wrong_nonce(client, sso, caplog):
     start = client.get("/sso/login/")
     state = parse_qs(urlparse(start["Location"]).query)["state"][0]
     session = client.session
-    key = next(k for k in session if state in k)
+    key = next(k for k in list(session.keys()) if state in k)
     stored = session[key]
     stored["data"]["nonce"] = "not-the-nonce-that-was-sent"
     session[key] = stored
@@ -156,7 +156,7 @@ def test_skew_within_the_leeway_is_accepted(client, start_provider):
 def test_a_code_used_twice(client, sso, caplog):
     start = client.get("/sso/login/")
     state = parse_qs(urlparse(start["Location"]).query)["state"][0]
-    key = next(k for k in client.session if state in k)
+    key = next(k for k in list(client.session.keys()) if state in k)
     remembered = client.session[key]
     callback = ProviderLogin().sign_in(start["Location"], "alice")
     assert client.get(callback.removeprefix("http://testserver")).status_code == 302
@@ -178,3 +178,41 @@ def test_sso_off_by_default(client, settings):
     assert client.get("/sso/callback?code=x&state=y").status_code == 404
     page = client.get("/login/").content.decode()
     assert "Sign in with" not in page and 'name="password"' in page
+
+
+def test_no_username_claim(client, sso, caplog):
+    with sso_on(sso, OIDC_USERNAME_CLAIM="employee_number"):
+        answer = provider_sign_in(client, "alice")
+    assert_failed(answer, 502, "The id token does not name the user", caplog)
+    assert "employee_number" in answer.content.decode()
+
+
+def test_the_provider_refuses_to_sign_in(client, sso, caplog):
+    """The provider answers with an error instead of a code: here login_required, to a
+    prompt=none request from a browser not signed in there."""
+    start = client.get("/sso/login/")
+    answer = ProviderLogin().http.get(
+        start["Location"] + "&prompt=none", allow_redirects=False, timeout=10
+    )
+    callback = answer.headers["Location"]
+    assert callback.startswith("http://testserver/sso/callback?error=login_required")
+    answer = client.get(callback.removeprefix("http://testserver"))
+    assert_failed(answer, 403, "The identity provider did not sign you in", caplog)
+    assert "login_required" in answer.content.decode()
+
+
+def test_logout_when_the_provider_cannot_be_reached(client, start_provider, caplog):
+    """Signed in, then Lazarus restarts (its copy of the provider's discovery document is
+    gone) while the provider is down: logged out of Lazarus all the same, and told."""
+    from console import sso as sso_module
+
+    provider = start_provider()
+    with sso_on(provider):
+        assert provider_sign_in(client, "alice").status_code == 302
+        sso_module._clients.clear()
+        provider.stop()
+        answer = client.post("/logout/", follow=True)
+    assert "_auth_user_id" not in client.session
+    assert answer.redirect_chain[-1][0] == "/login/"
+    assert "could not be reached to end your session there" in answer.content.decode()
+    assert "logout: the provider's session was not ended" in caplog.text

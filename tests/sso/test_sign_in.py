@@ -195,3 +195,18 @@ def test_the_logout_redirect_to_the_provider_is_allowed_by_the_csp(client, sso, 
     assert f"form-action 'self' {sso.issuer};" in policy
     settings.OIDC_ISSUER = ""
     assert "form-action 'self';" in client.get("/login/")["Content-Security-Policy"]
+
+
+def test_groups_from_the_userinfo_endpoint(client, start_provider, payments):
+    """A provider that keeps the username and groups out of the id token (userinfo only):
+    Lazarus asks the userinfo endpoint with the access token."""
+    from tests.sso.fixtures import sso_on
+
+    provider = start_provider(conformIdTokenClaims=True)
+    with sso_on(provider):
+        answer = provider_sign_in(client, "alice")
+    assert answer.status_code == 302
+    alice = get_user_model().objects.get(username="alice")
+    assert alice.email == "alice@example.test"
+    assert SsoIdentity.objects.get(user=alice).groups == ["payments-oncall", "staff"]
+    assert role_of(alice) == Role.OPERATOR

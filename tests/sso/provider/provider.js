@@ -5,7 +5,10 @@
 //
 // CONFIG: {"port": 8999, "issuer": "http://127.0.0.1:8999", "clients": [...],
 //          "usersFile": "users.json", "keyId": "k1", "idTokenTtlSeconds": 3600,
-//          "clockOffsetSeconds": 0, "publishOtherKey": false, "allowLocalRedirects": true}
+//          "clockOffsetSeconds": 0, "publishOtherKey": false, "allowLocalRedirects": true,
+//          "conformIdTokenClaims": false}
+// conformIdTokenClaims: true puts the profile and groups claims in the userinfo answer only
+// (as providers that keep id tokens small do); false puts them in the id token too.
 // usersFile: {"alice": {"password": "...", "groups": ["..."]}, ...}, read at every sign-in (a
 // test changes someone's groups by rewriting it); a user without "groups" gets no groups claim.
 // allowLocalRedirects: any http://testserver, localhost or 127.0.0.1 port may be a redirect URI
@@ -58,7 +61,7 @@ const provider = new Provider(config.issuer, {
   jwks: { keys: [signingKey] },
   pkce: { required: () => true },
   ttl: { IdToken: config.idTokenTtlSeconds || 3600 },
-  conformIdTokenClaims: false,
+  conformIdTokenClaims: config.conformIdTokenClaims ?? false,
   claims: {
     openid: ['sub'],
     profile: ['preferred_username', 'name'],
