@@ -343,9 +343,9 @@ def _decide(claims):
         if User.objects.filter(username__iexact=username).exists():
             return _refuse(
                 username,
-                f"A Lazarus account named {username!r} exists already and was not created by "
-                "this identity provider. An administrator must rename or remove it before you "
-                "can sign in with the provider.",
+                f"A Lazarus account named {username!r} exists already and belongs to someone "
+                "else (a local account, or another account at the provider). An administrator "
+                "must rename or remove it before you can sign in with the provider.",
                 None,
                 groups,
             )

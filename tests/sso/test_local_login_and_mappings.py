@@ -116,3 +116,17 @@ def test_team_members_can_log_out(client):
     answer = client.post("/logout/")
     assert answer.status_code == 302 and answer["Location"] == "/login/"
     assert "_auth_user_id" not in client.session
+
+
+def test_the_users_page_marks_single_sign_on_users(client, admin_user, sso):
+    from recovery.models import SsoIdentity
+
+    user = make_user("alice", "viewer")
+    SsoIdentity.objects.create(user=user, issuer=sso.issuer, subject="alice")
+    make_user("olga", "viewer")
+    client.force_login(admin_user)
+    page = client.get("/users/").content.decode()
+    alice_row = page.split(f'id="user-{user.pk}"', 1)[1].split("</tr>", 1)[0]
+    assert "single sign-on" in alice_row
+    olga_row = page.split("olga", 1)[1].split("</tr>", 1)[0]
+    assert "single sign-on" not in olga_row
