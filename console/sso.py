@@ -2,7 +2,8 @@
 through Authlib (docs/decisions.md says why Authlib), and what a sign-in may fail on.
 
 ``client()`` is the provider, discovered from ``OIDC_ISSUER`` (its metadata and keys are kept by
-the process; an unknown key id fetches the keys again, so the provider may rotate them).
+the process for an hour; an unknown key id fetches the keys again, so the provider may rotate
+them).
 ``SignInError`` is every way a sign-in fails, each with a page of its own and a log line:
 ``explain()`` turns what Authlib, joserfc and requests raise into one. ``sign_in()`` turns the
 id token's claims into a Lazarus user with the role and teams their groups are mapped to, or a
@@ -10,7 +11,9 @@ refusal (recovery.models.sso).
 """
 
 import logging
+import time
 from dataclasses import dataclass
+from typing import Any
 
 import requests
 from authlib.integrations.base_client import MismatchingStateError, OAuthError
@@ -28,7 +31,10 @@ from recovery.models import Grant, SsoIdentity, log_refusal
 log = logging.getLogger(__name__)
 
 NAME = "lazarus"
-_clients: dict[tuple, object] = {}
+# The provider's discovery document and keys are read again after this long (a key id not seen
+# before fetches the keys at once).
+METADATA_MAX_AGE_SECONDS = 3600
+_clients: dict[tuple, Any] = {}
 
 
 def enabled():
@@ -63,6 +69,9 @@ def client():
             },
         )
         _clients[key] = found
+    loaded_at = found.server_metadata.get("_loaded_at")
+    if loaded_at is not None and time.time() - loaded_at > METADATA_MAX_AGE_SECONDS:
+        found.server_metadata = {}
     return found
 
 

@@ -216,3 +216,14 @@ def test_logout_when_the_provider_cannot_be_reached(client, start_provider, capl
     assert answer.redirect_chain[-1][0] == "/login/"
     assert "could not be reached to end your session there" in answer.content.decode()
     assert "logout: the provider's session was not ended" in caplog.text
+
+
+def test_the_discovery_document_is_read_again_after_an_hour(client, sso):
+    from console import sso as sso_module
+
+    assert client.get("/sso/login/").status_code == 302
+    provider = sso_module.client()
+    assert provider.server_metadata["issuer"] == sso.issuer
+    provider.server_metadata["_loaded_at"] -= sso_module.METADATA_MAX_AGE_SECONDS + 1
+    provider.server_metadata["authorization_endpoint"] = "http://127.0.0.1:9/stale"
+    assert client.get("/sso/login/")["Location"].startswith(f"{sso.issuer}/auth?")
