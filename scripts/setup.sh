@@ -75,6 +75,10 @@ fi
 
 # The test identity provider's packages (tests/sso/provider, pinned in its package-lock.json).
 provider_stamp=tests/sso/provider/node_modules/.package-lock.sha256
+node_major=$(node -p 'process.versions.node.split(".")[0]')
+if [ "$node_major" -lt 20 ]; then
+  say "WARNING: Node.js $(node --version) is older than 20, which the test identity provider (oidc-provider 9) needs: the single sign-on tests will fail until Node.js 20+ is installed"
+fi
 if ! sha256sum -c --status "$provider_stamp" 2>/dev/null; then
   say "installing the test identity provider (npm ci in tests/sso/provider)"
   (cd tests/sso/provider && npm ci --no-audit --no-fund --loglevel=error >/dev/null)

@@ -46,6 +46,11 @@ class Provider:
             pytest.fail(
                 f"{PROVIDER_DIR}/node_modules is missing: `make setup` installs it (npm ci)"
             )
+        version = subprocess.run(
+            ["node", "-p", "process.versions.node"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        if int(version.split(".")[0]) < 20:
+            pytest.fail(f"Node.js {version} is too old for oidc-provider 9: install Node.js 20+")
         self.port = free_port()
         self.issuer = f"http://127.0.0.1:{self.port}"
         self.users_file = workdir / f"users-{self.port}.json"
