@@ -17,6 +17,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 def sso_live(oidc_provider):  # noqa: F811 (the fixture imported above)
     team = Team.objects.create(name="payments")
     GroupMapping.objects.create(group="payments-oncall", team=team, team_role="operator")
+    oidc_provider.reset_users()
     with sso_on(oidc_provider):
         yield oidc_provider
 
@@ -65,3 +66,31 @@ def test_unmapped_group_is_refused_with_a_page(tab, sso_live):
     assert tab.page.locator("header .who").count() == 0  # not signed in
     refusal = Activity.objects.get(action="login_refused")
     assert refusal.detail["username"] == "carol"
+
+
+def test_an_admin_maps_a_group_then_its_member_signs_in(chromium, live_server, request, sso_live):
+    from tests.browser.conftest import _tab
+    from tests.helpers import make_user
+
+    make_user("root", "admin")
+    context, admin = _tab(chromium, live_server, request)
+    try:
+        admin.login("root")
+        admin.goto("/sso/mappings/")
+        admin.page.fill('input[name="group"]', "platform-admins")
+        admin.page.select_option('select[name="role"]', "admin")
+        admin.page.click('#sso-mapping-form button[type="submit"]')
+        expect(admin.page.locator("#sso-mappings")).to_contain_text("platform-admins")
+        expect(admin.page.locator("#sso-mappings")).to_contain_text("admin (global)")
+        admin.screenshot("mapped")
+    finally:
+        context.close()
+
+    context, bob = _tab(chromium, live_server, request)
+    try:
+        sign_in_at_provider(bob, sso_live, "bob")
+        bob.page.wait_for_url(bob.url("/"))
+        expect(bob.page.locator("header .role")).to_have_text("admin")
+        expect(bob.page.locator('nav a[href="/sso/mappings/"]')).to_have_count(1)
+    finally:
+        context.close()

@@ -108,6 +108,10 @@ class Provider:
     def thaw(self):
         self.process.send_signal(signal.SIGCONT)
 
+    def reset_users(self):
+        """Everyone's groups as tests/sso/users.json has them."""
+        shutil.copy(USERS, self.users_file)
+
     def set_groups(self, username, groups):
         """Changes a user's groups at the provider (``None``: no groups claim at all)."""
         users = json.loads(self.users_file.read_text())
@@ -155,7 +159,7 @@ def start_provider(tmp_path):
 @pytest.fixture
 def sso(oidc_provider):
     """The console signs in through the session's provider (its groups file reset)."""
-    shutil.copy(USERS, oidc_provider.users_file)
+    oidc_provider.reset_users()
     with sso_on(oidc_provider):
         yield oidc_provider
 

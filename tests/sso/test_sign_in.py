@@ -186,6 +186,8 @@ def test_the_login_page_offers_the_provider(client, sso):
     page = client.get("/login/").content.decode()
     assert f"Sign in with {PROVIDER_NAME}" in page
     assert 'href="/sso/login/"' in page
+    page = client.get("/login/?next=/jobs/").content.decode()
+    assert 'href="/sso/login/?next=/jobs/"' in page
 
 
 def test_the_logout_redirect_to_the_provider_is_allowed_by_the_csp(client, sso, settings):
