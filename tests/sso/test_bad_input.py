@@ -30,6 +30,7 @@ def assert_failed(answer, status, title, caplog):
     assert not get_user_model().objects.exists()
 
 
+@pytest.mark.slow  # a provider process of its own, and waits for a timeout or restart
 def test_provider_stopped(client, start_provider, caplog):
     provider = start_provider()
     provider.stop()
@@ -39,6 +40,7 @@ def test_provider_stopped(client, start_provider, caplog):
     assert provider.issuer in answer.content.decode()
 
 
+@pytest.mark.slow  # a provider process of its own, and waits for a timeout or restart
 def test_provider_hung_at_discovery_times_out(client, start_provider, caplog):
     provider = start_provider()
     provider.freeze()
@@ -50,6 +52,7 @@ def test_provider_hung_at_discovery_times_out(client, start_provider, caplog):
     assert "within 1 seconds" in answer.content.decode()
 
 
+@pytest.mark.slow  # a provider process of its own, and waits for a timeout or restart
 def test_provider_hung_at_the_token_exchange_times_out(client, start_provider, caplog):
     provider = start_provider()
     with sso_on(provider, OIDC_TIMEOUT_SECONDS=1.0):
@@ -81,6 +84,7 @@ def test_token_signed_with_a_key_the_provider_does_not_publish(client, start_pro
     assert "BadSignatureError" in caplog.text
 
 
+@pytest.mark.slow  # a provider process of its own, and waits for a timeout or restart
 def test_rotated_keys_are_fetched_again(client, start_provider):
     """The flip side: a provider restarted with a new key (a new key id) is trusted once its
     published keys say so, without restarting Lazarus."""
@@ -201,6 +205,7 @@ def test_the_provider_refuses_to_sign_in(client, sso, caplog):
     assert "login_required" in answer.content.decode()
 
 
+@pytest.mark.slow  # a provider process of its own, and waits for a timeout or restart
 def test_logout_when_the_provider_cannot_be_reached(client, start_provider, caplog):
     """Signed in, then Lazarus restarts (its copy of the provider's discovery document is
     gone) while the provider is down: logged out of Lazarus all the same, and told."""
