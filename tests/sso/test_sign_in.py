@@ -212,3 +212,13 @@ def test_groups_from_the_userinfo_endpoint(client, start_provider, payments):
     assert alice.email == "alice@example.test"
     assert SsoIdentity.objects.get(user=alice).groups == ["payments-oncall", "staff"]
     assert role_of(alice) == Role.OPERATOR
+
+
+def test_refusals_are_on_the_activity_page(client, sso, payments, admin_user):
+    provider_sign_in(client, "carol")
+    client.force_login(admin_user)
+    page = client.get("/activity/?action=login_refused")
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert "login_refused" in text or "sign-in refused" in text
+    assert "carol" in text and "marketing" in text
