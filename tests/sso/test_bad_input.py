@@ -232,3 +232,15 @@ def test_the_discovery_document_is_read_again_after_an_hour(client, sso):
     provider.server_metadata["_loaded_at"] -= sso_module.METADATA_MAX_AGE_SECONDS + 1
     provider.server_metadata["authorization_endpoint"] = "http://127.0.0.1:9/stale"
     assert client.get("/sso/login/")["Location"].startswith(f"{sso.issuer}/auth?")
+
+
+def test_wrong_client_id_is_refused_by_the_provider_itself(client, sso):
+    """What docs/security.md says: the provider shows its own error and never sends the browser
+    back (it cannot trust the redirect URI of a client it does not know)."""
+    with sso_on(sso, OIDC_CLIENT_ID="not-a-client"):
+        start = client.get("/sso/login/")
+    assert start.status_code == 302
+    answer = ProviderLogin().http.get(start["Location"], allow_redirects=False, timeout=10)
+    assert answer.status_code == 400
+    assert "invalid_client" in answer.text
+    assert "Location" not in answer.headers
