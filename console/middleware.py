@@ -1,3 +1,6 @@
+from urllib.parse import urlparse
+
+from django.conf import settings
 from django.http import Http404
 
 from recovery.models import scope_of
@@ -27,7 +30,15 @@ class ContentSecurityPolicyMiddleware:
     def __call__(self, request):
         response = self.get_response(request)
         docs = request.path.startswith("/api/docs")
-        response.setdefault("Content-Security-Policy", self.DOCS_POLICY if docs else self.POLICY)
+        policy = self.DOCS_POLICY if docs else self.POLICY
+        if settings.OIDC_ISSUER:
+            # The logout form's POST is redirected to the identity provider's end-session
+            # endpoint (RP-initiated logout), which form-action must allow.
+            issuer = urlparse(settings.OIDC_ISSUER)
+            policy = policy.replace(
+                "form-action 'self'", f"form-action 'self' {issuer.scheme}://{issuer.netloc}"
+            )
+        response.setdefault("Content-Security-Policy", policy)
         return response
 
 

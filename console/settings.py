@@ -201,7 +201,10 @@ MIDDLEWARE = [
 # are not affected.
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
-    "django.contrib.auth.backends.ModelBackend",
+    # ModelBackend, refusing passwords of non-superusers under LOCAL_LOGIN=superusers.
+    "console.auth_backends.LocalLoginBackend",
+    # Sessions opened by a provider sign-in (no password).
+    "console.auth_backends.SsoBackend",
 ]
 AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 10, minimum=1)
 AXES_COOLOFF_TIME = datetime.timedelta(minutes=env_int("LOGIN_LOCKOUT_MINUTES", 30, minimum=1))
@@ -216,6 +219,39 @@ LOGIN_SLOWDOWN_SECONDS = env_int("LOGIN_SLOWDOWN_SECONDS", 5, minimum=1)
 # counted: a forged one; too few: the proxy's).
 LOGIN_PROXY_COUNT = env_int("LOGIN_PROXY_COUNT", 0, minimum=0)
 AXES_CLIENT_IP_CALLABLE = "console.login_guard.client_address"
+
+# Single sign-on through an OpenID Connect provider (console/sso.py; docs/security.md "Single
+# sign-on"): off while OIDC_ISSUER is empty. The provider's endpoints are discovered from
+# <issuer>/.well-known/openid-configuration; every request to it gives up after
+# OIDC_TIMEOUT_SECONDS. Which groups give which role and team is configured in the console
+# (/sso/mappings/).
+OIDC_ISSUER = os.environ.get("OIDC_ISSUER", "")
+if OIDC_ISSUER:
+    env_url("OIDC_ISSUER", None, ("http", "https"))
+    OIDC_CLIENT_ID = env_str("OIDC_CLIENT_ID")
+    OIDC_CLIENT_SECRET = env_str("OIDC_CLIENT_SECRET")
+else:
+    OIDC_CLIENT_ID = os.environ.get("OIDC_CLIENT_ID", "")
+    OIDC_CLIENT_SECRET = os.environ.get("OIDC_CLIENT_SECRET", "")
+OIDC_SCOPES = env_str("OIDC_SCOPES", "openid email profile").replace(",", " ").split()
+if "openid" not in OIDC_SCOPES:
+    raise ImproperlyConfigured(f"OIDC_SCOPES={' '.join(OIDC_SCOPES)!r} must include openid")
+# The claims that name the user (their Lazarus username, taken at their first sign-in) and hold
+# their groups (a list of strings, or one string; a dotted path reads a nested claim, such as
+# Keycloak's realm_access.roles).
+OIDC_USERNAME_CLAIM = env_str("OIDC_USERNAME_CLAIM", "preferred_username")
+OIDC_GROUPS_CLAIM = env_str("OIDC_GROUPS_CLAIM", "groups")
+OIDC_PROVIDER_NAME = env_str("OIDC_PROVIDER_NAME", "single sign-on")
+OIDC_TIMEOUT_SECONDS = env_float("OIDC_TIMEOUT_SECONDS", 10.0)
+if OIDC_TIMEOUT_SECONDS <= 0:
+    raise ImproperlyConfigured("OIDC_TIMEOUT_SECONDS must be above 0")
+# How far the provider's clock may be from this server's when an id token's iat/exp are checked.
+OIDC_CLOCK_LEEWAY_SECONDS = env_int("OIDC_CLOCK_LEEWAY_SECONDS", 60, minimum=0)
+# Who may log in with a password: all users, or superusers only (break-glass), everyone else
+# through the provider.
+LOCAL_LOGIN = env_str("LOCAL_LOGIN", "all")
+if LOCAL_LOGIN not in ("all", "superusers"):
+    raise ImproperlyConfigured(f"LOCAL_LOGIN={LOCAL_LOGIN!r} is not all or superusers")
 
 ROOT_URLCONF = "console.urls"
 WSGI_APPLICATION = "console.wsgi.application"
@@ -549,6 +585,7 @@ LOGGING = {
     },
     "loggers": {
         "recovery": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+        "console": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
         "pika": {"handlers": ["console"], "level": "WARNING"},
         # Django's own (django.request logs every 500 with its traceback) through the same
         # masking handler instead of Django's default one.

@@ -1,5 +1,4 @@
 from django.contrib import admin
-from django.contrib.auth import views as auth_views
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
@@ -20,6 +19,8 @@ from console.views import (
     metrics,
     overview,
     quarantine,
+    sso,
+    sso_mappings,
     teams,
     users,
 )
@@ -29,7 +30,11 @@ urlpatterns = [
     path("", overview.overview, name="overview"),
     path("overview/live", overview.overview_live, name="overview-live"),
     path("login/", login.login, name="login"),
-    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("logout/", sso.logout, name="logout"),
+    path("sso/login/", sso.sso_login, name="sso-login"),
+    path("sso/callback", sso.sso_callback, name="sso-callback"),
+    path("sso/mappings/", sso_mappings.mapping_list, name="sso-mappings"),
+    path("sso/mappings/<int:pk>/delete", sso_mappings.mapping_delete, name="sso-mapping-delete"),
     path("messages/", messages.message_list, name="messages"),
     path("messages/bulk", messages.message_bulk, name="messages-bulk"),
     path(

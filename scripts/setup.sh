@@ -19,6 +19,10 @@ command -v curl >/dev/null 2>&1 || need_pkgs+=(curl)
 command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || need_pkgs+=(pgbouncer)
 # nginx: the login tests put a real reverse proxy in front of the console (started by the tests).
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_pkgs+=(nginx)
+# Node.js and npm: the single sign-on tests run a real OpenID Connect provider (npm's
+# oidc-provider, tests/sso/provider), installed below.
+command -v node >/dev/null 2>&1 || need_pkgs+=(nodejs)
+command -v npm >/dev/null 2>&1 || need_pkgs+=(npm)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   say "installing ${need_pkgs[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
@@ -67,4 +71,16 @@ fi
 if ! psql -h 127.0.0.1 -U postgres -tAc "SELECT 1 FROM pg_database WHERE datname='$DB_NAME'" | grep -q 1; then
   say "creating database $DB_NAME"
   psql -h 127.0.0.1 -U postgres -qc "CREATE DATABASE \"$DB_NAME\""
+fi
+
+# The test identity provider's packages (tests/sso/provider, pinned in its package-lock.json).
+provider_stamp=tests/sso/provider/node_modules/.package-lock.sha256
+node_major=$(node -p 'process.versions.node.split(".")[0]')
+if [ "$node_major" -lt 20 ]; then
+  say "WARNING: Node.js $(node --version) is older than 20, which the test identity provider (oidc-provider 9) needs: the single sign-on tests will fail until Node.js 20+ is installed"
+fi
+if ! sha256sum -c --status "$provider_stamp" 2>/dev/null; then
+  say "installing the test identity provider (npm ci in tests/sso/provider)"
+  (cd tests/sso/provider && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+  sha256sum tests/sso/provider/package-lock.json > "$provider_stamp"
 fi

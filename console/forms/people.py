@@ -33,6 +33,10 @@ class ActivityFilterForm(forms.Form):
         ("role_changed", "role changed"),
         ("user_deactivated", "user deactivated"),
         ("user_activated", "user activated"),
+        ("login_refused", "sign-in refused"),
+        ("sso_roles_changed", "roles changed at sign-in"),
+        ("sso_mapping_created", "sign-in mapping created"),
+        ("sso_mapping_deleted", "sign-in mapping deleted"),
     ]
     VIA = [("", "any"), ("console", "console"), ("api", "api"), ("system", "system")]
 

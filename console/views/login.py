@@ -2,14 +2,25 @@
 
 import logging
 
+from django.conf import settings
 from django.contrib.auth import views as auth_views
 from django.shortcuts import render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_protect
 
-from console import login_guard
+from console import login_guard, sso
 
 log = logging.getLogger(__name__)
+
+
+def _context():
+    """What the login page shows besides the form: the provider's button, who may use a
+    password (LOCAL_LOGIN)."""
+    return {
+        "sso_enabled": sso.enabled(),
+        "provider_name": settings.OIDC_PROVIDER_NAME,
+        "local_login": settings.LOCAL_LOGIN,
+    }
 
 
 @never_cache
@@ -29,7 +40,7 @@ def login(request):
             return render(
                 request,
                 "registration/login.html",
-                {"refused": reason, "next": request.POST.get("next", "")},
+                {"refused": reason, "next": request.POST.get("next", ""), **_context()},
                 status=429,
             )
-    return auth_views.LoginView.as_view()(request)
+    return auth_views.LoginView.as_view(extra_context=_context())(request)

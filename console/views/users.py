@@ -16,7 +16,12 @@ from recovery.models import Activity, ApiToken, Role, role_of, set_role
 
 
 def _users():
-    users = get_user_model().objects.prefetch_related("groups").order_by("username")
+    users = (
+        get_user_model()
+        .objects.prefetch_related("groups")
+        .select_related("sso_identity")
+        .order_by("username")
+    )
     return [
         {"user": u, "role": role_of(u), "form": RoleForm(initial={"role": role_of(u)})}
         for u in users

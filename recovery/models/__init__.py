@@ -8,6 +8,7 @@
 - audit: nightly audit runs, windows, evidence, input gaps; the bindings history
 - alerts: alert rules, their transitions, notification channels and the notification outbox
 - teams: teams, their scopes and memberships; Scope, what one caller may see
+- sso: single sign-on's group mappings (provider group -> role, team) and provider identities
 - broker: the broker's own tally of dead-lettered and dropped messages against the store
 - retention: what leaves the store after RETENTION_DAYS, store-wide
 - decoders: admins' rules for reading bodies (protobuf, Avro, MessagePack) per queue
@@ -57,6 +58,7 @@ from recovery.models.replay import (
     ReplayJobItem,
     mark_died_again,
 )
+from recovery.models.sso import Grant, GroupMapping, SsoIdentity, log_refusal
 from recovery.models.store import (
     DIED_AGAIN,
     DISCARDABLE,
@@ -85,6 +87,10 @@ from recovery.models.teams import (
 )
 
 __all__ = [
+    "GroupMapping",
+    "Grant",
+    "SsoIdentity",
+    "log_refusal",
     "changing_groups",
     "collected_since",
     "BrokerTally",
