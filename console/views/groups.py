@@ -17,6 +17,7 @@ from console.views.paging import newest_first_page
 from recovery.models import (
     Kind,
     Message,
+    MessageCount,
     MessageTotal,
     Reason,
     attach_died_again,
@@ -24,11 +25,12 @@ from recovery.models import (
     scope_of,
     team_scoped,
 )
-from recovery.models.counts import sample_line
+from recovery.models.counts import hourly_sparks, sample_line
 from recovery.search.groups import group_counts
 
 PAGE_SIZE = 100
 NEW_GROUP_AGE = datetime.timedelta(hours=1)
+TREND_HOURS = 24
 
 
 class GroupFilterForm(forms.Form):
@@ -91,6 +93,14 @@ def group_list(request):
         groups = [
             {**row, **details[row["group_key"]]} for row in chunk if row["group_key"] in details
         ]
+        # Trend: messages collected per hour over the last day, from the hourly counts.
+        sparks = hourly_sparks(
+            MessageCount.objects.filter(scope.q(), group_key__in=[g["group_key"] for g in groups]),
+            timezone.now(),
+            TREND_HOURS,
+        )
+        for group in groups:
+            group["trend"] = sparks.get(group["group_key"], [0] * TREND_HOURS)
     query = request.GET.copy()
     query.pop("page", None)
     ctx = {

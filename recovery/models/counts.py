@@ -386,17 +386,13 @@ def collected_since(since, messages=None):
     return min(n, RECENT_COUNT_CAP), n > RECENT_COUNT_CAP
 
 
-def changing_groups(now, counts=None, totals=None, limit=5, where=("true", ())):
-    """(new, busiest): failure groups first seen in the last hour, and the groups with the most
-    messages collected this hour and the last (this hour's pace above the last hour's is
-    "growing"); each {key, label, spark: messages per hour over SPARK_HOURS, this_hour,
-    last_hour, growing}. ``counts``/``totals``: MessageCount / MessageTotal querysets, and
-    ``where`` the same over recovery_message (a caller's scope narrows all three)."""
-    counts = counts if counts is not None else MessageCount.objects
-    totals = totals if totals is not None else MessageTotal.objects
+def hourly_sparks(counts, now, hours=SPARK_HOURS):
+    """{group key: messages collected per hour, oldest first, over the ``hours`` up to ``now``'s}
+    from the MessageCount rows ``counts`` (filter them to the groups wanted); groups without a
+    message in those hours are left out."""
     current = now.replace(minute=0, second=0, microsecond=0)
-    start = current - datetime.timedelta(hours=SPARK_HOURS - 1)
-    sparks = {}
+    start = current - datetime.timedelta(hours=hours - 1)
+    sparks: dict[str, list[int]] = {}
     rows = (
         counts.filter(hour__gte=start)
         .values("group_key", "hour")
@@ -405,8 +401,20 @@ def changing_groups(now, counts=None, totals=None, limit=5, where=("true", ())):
     )
     for row in rows:
         index = int((row["hour"] - start).total_seconds() // 3600)
-        if 0 <= index < SPARK_HOURS:
-            sparks.setdefault(row["group_key"], [0] * SPARK_HOURS)[index] += row["total"]
+        if 0 <= index < hours:
+            sparks.setdefault(row["group_key"], [0] * hours)[index] += row["total"]
+    return sparks
+
+
+def changing_groups(now, counts=None, totals=None, limit=5, where=("true", ())):
+    """(new, busiest): failure groups first seen in the last hour, and the groups with the most
+    messages collected this hour and the last (this hour's pace above the last hour's is
+    "growing"); each {key, label, spark: messages per hour over SPARK_HOURS, this_hour,
+    last_hour, growing}. ``counts``/``totals``: MessageCount / MessageTotal querysets, and
+    ``where`` the same over recovery_message (a caller's scope narrows all three)."""
+    counts = counts if counts is not None else MessageCount.objects
+    totals = totals if totals is not None else MessageTotal.objects
+    sparks = hourly_sparks(counts, now)
     new_keys = list(
         totals.values("group_key")
         .annotate(first=models.Min("first_at"), total=Sum("n"))
@@ -414,6 +422,7 @@ def changing_groups(now, counts=None, totals=None, limit=5, where=("true", ())):
         .order_by("-first")
         .values_list("group_key", flat=True)[:limit]
     )
+    current = now.replace(minute=0, second=0, microsecond=0)
     elapsed = max((now - current).total_seconds(), 60.0) / 3600
 
     def item(key):

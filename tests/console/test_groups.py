@@ -80,3 +80,19 @@ def test_each_group_shows_its_exception_a_sample_line_and_whether_it_is_new(clie
     assert "{&quot;order&quot;: 77, &quot;sku&quot;: &quot;A-1&quot;}" in new_row
     assert "second line" not in new_row
     assert "(binary, starts 00 ff fe 01 20 62 69 6e)" in old_row
+
+
+def test_each_group_shows_its_trend_over_the_last_day(client, viewer):
+    now = timezone.now()
+    for hours_ago, n in [(0, 3), (2, 1), (30, 5)]:  # the last is older than a day: not drawn
+        for _ in range(n):
+            make_message(
+                group_key="g-trend", collected_at=now - datetime.timedelta(hours=hours_ago)
+            )
+    client.force_login(viewer)
+    response = client.get("/groups/")
+    [group] = response.context["groups"]
+    assert len(group["trend"]) == 24
+    assert group["trend"][-1] == 3 and group["trend"][-3] == 1 and sum(group["trend"]) == 4
+    html = response.content.decode()
+    assert 'aria-label="per hour: ' + ", ".join(map(str, group["trend"])) + '"' in html
