@@ -22,7 +22,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.validators import UnicodeUsernameValidator
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 from joserfc import errors as joserfc_errors
 
@@ -358,11 +358,30 @@ def _decide(claims):
                 None,
                 groups,
             )
-        user = User(username=username, email=claims.get("email") or "")
-        user.set_unusable_password()
-        user.save()
-        identity = SsoIdentity.objects.create(user=user, issuer=issuer, subject=subject)
-        log.info("sign-in: created user %r for %s at %s", username, subject, issuer)
+        try:
+            # Two first sign-ins of one person at once (two tabs): one creates the account, the
+            # other finds it (the unique username and issuer+subject decide, not a 500).
+            with transaction.atomic():
+                user = User(username=username, email=claims.get("email") or "")
+                user.set_unusable_password()
+                user.save()
+                identity = SsoIdentity.objects.create(user=user, issuer=issuer, subject=subject)
+            log.info("sign-in: created user %r for %s at %s", username, subject, issuer)
+        except IntegrityError:
+            identity = (
+                SsoIdentity.objects.select_related("user")
+                .filter(issuer=issuer, subject=subject)
+                .first()
+            )
+            if identity is None:
+                return _refuse(
+                    username,
+                    f"A Lazarus account named {username!r} was created for someone else at the "
+                    "same moment. An administrator must rename or remove it before you can "
+                    "sign in with the provider.",
+                    None,
+                    groups,
+                )
     user = identity.user
     if not user.is_active:
         return _refuse(
