@@ -34,8 +34,10 @@ from recovery.models.store import Message, Status
 
 log = logging.getLogger(__name__)
 
-# Rows deleted per transaction: short transactions keep the collector and the console moving.
-BATCH = 2000
+# Rows deleted per transaction: each holds its rows locked until it commits, so it is kept
+# short (bench/retention.py: batches of 2,000 held them up to 3.3 s on a loaded machine while a
+# collector drained a flood; 500 keep a batch well under a second).
+BATCH = 500
 
 
 class ArchiveFailed(Exception):
@@ -108,7 +110,9 @@ def _delete_expired_messages(cutoff, days, batch, now, result):
             MessageHistory.record_messages(
                 ids, HistoryAction.DELETED, via="system", detail=f"retention ({days} days)"
             )
-            _total, per_model = Message.objects.filter(pk__in=ids).delete()
+            # Only the ids: Django's delete loads the rows it deletes, and a batch of big
+            # bodies would otherwise be read into memory just to be thrown away.
+            _total, per_model = Message.objects.filter(pk__in=ids).only("pk").delete()
         result["messages"] += per_model.get(Message._meta.label, 0)
 
 
