@@ -49,6 +49,7 @@ urlpatterns = [
     path("messages/<int:pk>/restore", message.message_restore, name="message-restore"),
     path("messages/<int:pk>/edit", message.message_edit, name="message-edit"),
     path("messages/<int:pk>/body", message.message_body, name="message-body"),
+    path("messages/<int:pk>/unmask", message.message_unmask, name="message-unmask"),
     path("groups/", groups.group_list, name="groups"),
     path("quarantine/", quarantine.quarantine_list, name="quarantine"),
     path("quarantine/act", quarantine.quarantine_act, name="quarantine-act"),
