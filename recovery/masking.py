@@ -19,6 +19,7 @@ import copy
 import dataclasses
 import json
 import re
+import types
 
 import regex
 from django.conf import settings
@@ -342,3 +343,17 @@ def log_body_view(user, message_id, via, how, unmasked=False):
         via=via,
         detail={"message": message_id, "how": how, "unmasked": unmasked},
     )
+
+
+def privacy_of(scope, rules=None):
+    """``(vhost, queue, exchange) -> (masker, may read bodies)`` for rows that are not whole
+    messages (a failure group's newest sample)."""
+    from recovery.models import Privilege
+
+    rules = MaskingRules.load() if rules is None else rules
+
+    def of(vhost, queue, exchange):
+        row = types.SimpleNamespace(vhost=vhost, source_queue=queue, source_exchange=exchange)
+        return rules.masker_for(row), scope.may(Privilege.BODIES, row)
+
+    return of

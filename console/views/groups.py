@@ -10,6 +10,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from console.access import viewer_required
+from recovery.masking import privacy_of
 from recovery.models import Kind, MessageTotal, Reason, group_details, scope_of, team_scoped
 from recovery.search.groups import group_counts
 
@@ -72,7 +73,9 @@ def group_list(request):
         chunk = list(rows[(page - 1) * PAGE_SIZE : page * PAGE_SIZE + 1])
         has_more = len(chunk) > PAGE_SIZE
         chunk = chunk[:PAGE_SIZE]
-        details = group_details([row["group_key"] for row in chunk], scope.where_sql())
+        details = group_details(
+            [row["group_key"] for row in chunk], scope.where_sql(), privacy_of(scope)
+        )
         # A group whose messages are all gone (retention) has no details: it is not shown.
         groups = [
             {**row, **details[row["group_key"]]} for row in chunk if row["group_key"] in details

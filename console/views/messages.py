@@ -55,7 +55,7 @@ LIST_COLUMNS = (
 def _page(form, before, scope):
     """One newest-first page. A free-text search gets a time limit: a term made only of very
     common trigrams (short numbers, say) can make PostgreSQL recheck most of the store."""
-    queryset = scope.messages(form.apply(Message.objects.only(*LIST_COLUMNS)))
+    queryset = scope.messages(form.apply(Message.objects.only(*LIST_COLUMNS), scope))
     if not form.cleaned_data.get("q"):
         page = newest_first_page(queryset, before, PAGE_SIZE, "collected_at")
         return attach_died_again(page.rows), page.next_before
@@ -185,7 +185,9 @@ def message_by_filter(request, action):
         if not remaining:
             return redirect(reverse("messages") + "?" + query)
     operable = scope_of(request).messages(minimum=Role.OPERATOR)
-    count = form.apply(operable.filter(status__in=statuses)).count() if named else 0
+    count = (
+        form.apply(operable.filter(status__in=statuses), scope_of(request)).count() if named else 0
+    )
     return render(
         request,
         "messages/by_filter.html",

@@ -7,7 +7,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import generics, serializers
 from rest_framework.decorators import api_view
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.response import Response
 
 from recovery.api.errors import django_error_detail, problem_response
@@ -22,6 +22,7 @@ from recovery.api.serializers import (
 )
 from recovery.bodies import decode_message
 from recovery.errors import BrokerUnavailable, ReplayError, StateError
+from recovery.masking import log_body_view, view_of
 from recovery.models import Message, ReplayAttempt, Role, attach_died_again, scope_of, team_scoped
 from recovery.replay import (
     discard_matching,
@@ -48,7 +49,7 @@ def filtered_messages(query_params, queryset=None, scope=None):
     if scope is not None:
         queryset = scope.messages(queryset)
     data = validated(MessageFilterParams, query_params)
-    return narrow_search(apply_filters(queryset, data), data)
+    return narrow_search(apply_filters(queryset, data, scope), data)
 
 
 @extend_schema(parameters=FILTER_PARAMETERS, summary="List collected messages, newest first")
@@ -72,6 +73,15 @@ class MessageDetail(generics.RetrieveAPIView):
 
     def get_queryset(self):
         return scope_of(self.request).messages()
+
+    def retrieve(self, request, *args, **kwargs):
+        message = self.get_object()
+        view = view_of(scope_of(request), request.user, message)
+        context = {**self.get_serializer_context(), "view": view}
+        data = self.get_serializer_class()(message, context=context).data
+        if view.bodies:
+            log_body_view(request.user, message.pk, "api", "api_detail", not view.masked)
+        return Response(data)
 
 
 BODY_FIELDS = (
@@ -128,12 +138,20 @@ def body(request, pk):
     message = get_object_or_404(
         scope_of(request).messages(Message.objects.only(*BODY_FIELDS)), pk=pk
     )
-    if not validated(BodyParams, request.query_params)["decoded"]:
-        response = HttpResponse(message.body_bytes, content_type="application/octet-stream")
+    params = validated(BodyParams, request.query_params)
+    view = view_of(scope_of(request), request.user, message)
+    if not view.bodies:
+        raise PermissionDenied("metadata only: the caller may not read bodies")
+    how = "api_body_decoded" if params["decoded"] else "api_body"
+    log_body_view(request.user, message.pk, "api", how, not view.masked)
+    if not params["decoded"]:
+        response = HttpResponse(
+            view.masker.body(message.body_bytes), content_type="application/octet-stream"
+        )
         response["Content-Disposition"] = f'attachment; filename="message-{message.pk}.bin"'
         response["X-Content-Type-Options"] = "nosniff"
         return response
-    result = decode_message(message)
+    result = view.masker.decoded(decode_message(message))
     return Response(
         DecodedBodySerializer(
             {

@@ -70,10 +70,16 @@ class MessageSerializer(serializers.ModelSerializer):
 
 class MessageDetailSerializer(MessageSerializer):
     properties = serializers.JSONField(read_only=True)
-    headers = serializers.JSONField(
-        read_only=True,
-        help_text="AMQP headers. Values JSON cannot carry are tagged: "
-        '{"$t": "decimal|timestamp|bytes|float|table", "v": ...}.',
+    headers = serializers.SerializerMethodField(
+        help_text="AMQP headers (masked: the masking rules' headers read [masked]). Values "
+        'JSON cannot carry are tagged: {"$t": "decimal|timestamp|bytes|float|table", "v": ...}.',
+    )
+    masked = serializers.SerializerMethodField(
+        help_text="Whether masking rules changed what headers and body show here (the stored "
+        "bytes are unchanged; a replay sends them)."
+    )
+    body_withheld = serializers.SerializerMethodField(
+        help_text="Why the body fields are null: the caller sees metadata only; else null."
     )
     body_base64 = serializers.SerializerMethodField()
     body_text = serializers.SerializerMethodField()
@@ -89,6 +95,8 @@ class MessageDetailSerializer(MessageSerializer):
             *MessageSerializer.Meta.fields,
             "properties",
             "headers",
+            "masked",
+            "body_withheld",
             "body_base64",
             "body_text",
             "group_label",
@@ -110,14 +118,37 @@ class MessageDetailSerializer(MessageSerializer):
         found = obj.app_retry_count
         return {"header": found[0], "count": found[1]} if found else None
 
-    @extend_schema_field(serializers.CharField())
+    # The caller's recovery.masking.View of the message (set by the view: masking and whether
+    # bodies are shown at all); a KeyError without it rather than an unmasked answer.
+    def _view(self):
+        return self.context["view"]
+
+    @extend_schema_field(serializers.JSONField())
+    def get_headers(self, obj):
+        return self._view().masker.headers(obj.headers)
+
+    @extend_schema_field(serializers.BooleanField())
+    def get_masked(self, obj):
+        return self._view().masked
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_body_withheld(self, obj):
+        return None if self._view().bodies else "metadata only: the caller may not read bodies"
+
+    def _body(self, obj):
+        view = self._view()
+        return view.masker.body(obj.body_bytes) if view.bodies else None
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
     def get_body_base64(self, obj):
-        return base64.b64encode(obj.body_bytes).decode("ascii")
+        body = self._body(obj)
+        return None if body is None else base64.b64encode(body).decode("ascii")
 
     @extend_schema_field(serializers.CharField(allow_null=True))
     def get_body_text(self, obj):
+        body = self._body(obj)
         try:
-            return obj.body_bytes.decode("utf-8")
+            return None if body is None else body.decode("utf-8")
         except UnicodeDecodeError:
             return None
 
