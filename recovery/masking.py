@@ -165,6 +165,18 @@ class Masker:
             _mask_path(value, steps)
         return value
 
+    def _leaves(self, value):
+        """The regular expressions over a document's strings (keys and values)."""
+        if not self.regexes:
+            return value
+        if isinstance(value, str):
+            return self._sub(value)
+        if isinstance(value, dict):
+            return {self._leaves(k): self._leaves(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self._leaves(item) for item in value]
+        return value
+
     def text(self, text):
         """A text body: JSON paths where it is a JSON document, then the regular expressions.
         A body no path matched keeps its own formatting."""
@@ -212,7 +224,7 @@ class Masker:
         value = decoded.value
         try:
             if value is not None:
-                value = self.value(value)
+                value = self._leaves(self.value(value))
                 text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
                 text = self._sub(text)
             else:
