@@ -14,6 +14,7 @@ from console.views import (
     history,
     jobs,
     login,
+    masking,
     message,
     messages,
     metrics,
@@ -31,6 +32,7 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("messages/", messages.message_list, name="messages"),
     path("messages/bulk", messages.message_bulk, name="messages-bulk"),
+    path("messages/export", messages.message_export, name="messages-export"),
     path(
         "messages/discard",
         messages.message_by_filter,
@@ -66,6 +68,8 @@ urlpatterns = [
     path("users/unlock", users.user_unlock, name="user-unlock"),
     path("decoders/", decoders.decoder_list, name="decoders"),
     path("decoders/<int:pk>/delete", decoders.decoder_delete, name="decoder-delete"),
+    path("masking/", masking.masking_list, name="masking"),
+    path("masking/<int:pk>/delete", masking.masking_delete, name="masking-delete"),
     path("teams/", teams.team_list, name="teams"),
     path(
         "teams/<str:what>/<int:pk>/delete",

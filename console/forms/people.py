@@ -33,6 +33,11 @@ class ActivityFilterForm(forms.Form):
         ("role_changed", "role changed"),
         ("user_deactivated", "user deactivated"),
         ("user_activated", "user activated"),
+        ("body_view", "body viewed (detail, download, API, export)"),
+        ("unmask", "break-glass unmask"),
+        ("export", "export"),
+        ("mask_rule_created", "masking rule created"),
+        ("mask_rule_deleted", "masking rule deleted"),
     ]
     VIA = [("", "any"), ("console", "console"), ("api", "api"), ("system", "system")]
 

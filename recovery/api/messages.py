@@ -1,7 +1,7 @@
 """messages: list (filters, cursor pagination), detail, replay (target, edits), discard, restore."""
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.http import HttpResponse
+from django.http import HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
@@ -22,6 +22,7 @@ from recovery.api.serializers import (
 )
 from recovery.bodies import decode_message
 from recovery.errors import BrokerUnavailable, ReplayError, StateError
+from recovery.export import export_lines, prepare_export
 from recovery.masking import log_body_view, view_of
 from recovery.models import Message, ReplayAttempt, Role, attach_died_again, scope_of, team_scoped
 from recovery.replay import (
@@ -351,3 +352,27 @@ def restore(request, pk):
     except StateError as exc:
         return problem_response(409, exc, "conflict", request)
     return Response(MessageSerializer(message).data)
+
+
+@extend_schema(
+    summary="Export the messages a filter matches, as JSON Lines (masked)",
+    parameters=FILTER_PARAMETERS,
+    description="One JSON object per line: the message's fields, headers (masked) and "
+    "`body_base64` (masked; null with `body_withheld` for a caller who sees metadata only). "
+    "Needs the export privilege; logged (an `export` activity row and a `body_view` row per "
+    "body). More than EXPORT_MAX_MESSAGES matches is a 400: narrow the filter.",
+    responses={(200, "application/x-ndjson"): OpenApiResponse(OpenApiTypes.STR, "JSON Lines.")},
+)
+@team_scoped
+@api_view(["GET"])
+def export(request):
+    data = validated(MessageFilterParams, request.query_params)
+    try:
+        ids, readable = prepare_export(scope_of(request), request.user, data, "api")
+    except DjangoValidationError as exc:
+        return problem_response(400, " ".join(exc.messages), "too_many", request)
+    response = StreamingHttpResponse(
+        export_lines(ids, readable), content_type="application/x-ndjson"
+    )
+    response["Content-Disposition"] = 'attachment; filename="lazarus-export.jsonl"'
+    return response

@@ -16,6 +16,7 @@ from recovery.api import (
 
 urlpatterns = [
     path("messages", messages.MessageList.as_view(), name="api-messages"),
+    path("messages/export", messages.export, name="api-messages-export"),
     path("messages/discard", messages.discard_by_filter, name="api-messages-discard"),
     path("messages/restore", messages.restore_by_filter, name="api-messages-restore"),
     path("messages/<int:pk>", messages.MessageDetail.as_view(), name="api-message"),
