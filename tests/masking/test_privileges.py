@@ -6,7 +6,7 @@ import json
 import pytest
 from django.utils import timezone
 
-from recovery.models import Activity, Membership, MaskRule, Unmask, set_privileges
+from recovery.models import Activity, MaskRule, Membership, Unmask, set_privileges
 from recovery.search import index as search_index
 from tests.helpers import make_message, make_user
 from tests.teams.test_scope import team

@@ -57,7 +57,7 @@ def test_it_masks_json_paths(path, body, expected):
 def test_a_text_body_keeps_its_formatting_when_no_path_matches():
     text = '{ "a" : 1 }'
     assert masker(("json_path", "$.b")).text(text) == text
-    assert SECRET not in masker(("json_path", "$.b")).text('{"b": "%s"}' % SECRET)
+    assert SECRET not in masker(("json_path", "$.b")).text(f'{{"b": "{SECRET}"}}')
 
 
 def test_regexes_mask_text_and_binary_bodies_alike():
