@@ -12,8 +12,8 @@ import json
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
 
-from recovery.masking import MaskingRules
 from recovery.models import Activity, Message, Privilege
+from recovery.models.masking import MaskingRules
 from recovery.search.filters import apply_filters
 
 # Messages read from the store per query while streaming.

@@ -2,9 +2,10 @@
 
 Rules (recovery.models.MaskRule) name headers, JSON paths into JSON bodies and regular
 expressions over text bodies; a global rule covers every message, a team's rule the messages in
-that team's scopes. ``MaskingRules.load()`` reads and compiles them once (per request, per
-export, per notification batch); ``masker_for(message)`` is the Masker for one message, which
-turns headers, bodies, decoded documents and free text into what a viewer may see.
+that team's scopes. This module is the engine, with no models: ``compile_rule`` checks and
+compiles one rule, a ``Masker`` (the rules for one message) turns headers, bodies, decoded
+documents and free text into what a viewer may see. Loading the rules and deciding who sees
+what is recovery.models.masking (``MaskingRules``, ``view_of``).
 
 Stored bytes never change: only what is shown, downloaded, exported or sent out is masked; a
 replay sends the stored bytes.
@@ -19,10 +20,11 @@ import copy
 import dataclasses
 import json
 import re
-import types
 
 import regex
 from django.conf import settings
+
+from recovery.collector.rows import label_message
 
 MASK = "[masked]"
 WITHHELD = "[withheld: a masking rule could not finish on this content in time]"
@@ -240,6 +242,19 @@ class Masker:
             document=None,
         )
 
+    def label(self, label, headers):
+        """A failure group's label, made from exception headers when the message was stored:
+        the masked headers' values cut out of it, then the regular expressions."""
+        if not label or not self:
+            return label
+        for name, value in (headers or {}).items():
+            if name.lower() in self.header_names and isinstance(value, str) and value:
+                # As the collector put it in (recovery.collector.rows._group).
+                for shown in (value, value[:200], label_message(value)):
+                    if shown.strip():
+                        label = label.replace(shown, MASK)
+        return self.free_text(label)
+
     def free_text(self, text):
         """Free text that may quote content (a notification line, an activity detail)."""
         if not text or not self.regexes:
@@ -253,60 +268,6 @@ class Masker:
 NO_MASKING = Masker()
 
 
-@dataclasses.dataclass
-class MaskingRules:
-    """Every rule, compiled once: the global ones and each team's with its scopes."""
-
-    global_rules: list
-    team_rules: dict  # team id -> (scopes, rules)
-
-    @classmethod
-    def load(cls):
-        from recovery.models import MaskRule, TeamScope
-
-        global_rules, by_team = [], {}
-        for rule in MaskRule.objects.all():
-            try:
-                compiled = (rule.kind, compile_rule(rule.kind, rule.pattern))
-            except ValueError:
-                continue  # saved through a form that checked it: cannot happen but by hand
-            if rule.team_id is None:
-                global_rules.append(compiled)
-            else:
-                by_team.setdefault(rule.team_id, []).append(compiled)
-        scopes = {}
-        for scope in TeamScope.objects.filter(team_id__in=by_team):
-            scopes.setdefault(scope.team_id, []).append(scope)
-        team_rules = {team: (scopes.get(team, []), rules) for team, rules in by_team.items()}
-        return cls(global_rules, team_rules)
-
-    def __bool__(self):
-        return bool(self.global_rules or self.team_rules)
-
-    def rules_for(self, vhost, queue, exchange):
-        rules = list(self.global_rules)
-        for scopes, team_rules in self.team_rules.values():
-            if any(scope.matches(vhost, queue, exchange) for scope in scopes):
-                rules += team_rules
-        return rules
-
-    def masker_for(self, message):
-        if not self:
-            return NO_MASKING
-        return masker_of(
-            self.rules_for(message.vhost, message.source_queue, message.source_exchange)
-        )
-
-    def team_masker(self, team_id):
-        """For text that belongs to no one message: the global rules and ``team_id``'s; with
-        no team, every team's too (the text may come from any of them)."""
-        rules = list(self.global_rules)
-        for team, (_scopes, team_rules) in self.team_rules.items():
-            if team_id is None or team == team_id:
-                rules += team_rules
-        return masker_of(rules)
-
-
 def masker_of(rules):
     if not rules:
         return NO_MASKING
@@ -315,131 +276,3 @@ def masker_of(rules):
         paths=[c for kind, c in rules if kind == "json_path"],
         regexes=[c for kind, c in rules if kind == "regex"],
     )
-
-
-@dataclasses.dataclass
-class View:
-    """What one caller may see of one message: whether its body at all (the ``bodies``
-    privilege), and masked how (NO_MASKING while they hold an unexpired break-glass unmask)."""
-
-    bodies: bool
-    masker: Masker
-    may_unmask: bool
-    unmask: object = None  # the active recovery.models.Unmask
-
-    @property
-    def masked(self):
-        return bool(self.masker)
-
-
-def view_of(scope, user, message, rules=None):
-    """The View of ``message`` for a caller (their Scope and user); ``rules``: loaded once."""
-    from recovery.models import Privilege, Unmask
-
-    rules = MaskingRules.load() if rules is None else rules
-    masker = rules.masker_for(message)
-    may_unmask = bool(masker) and scope.may(Privilege.UNMASK, message)
-    unmask = Unmask.active(user, message.pk) if may_unmask else None
-    return View(
-        bodies=scope.may(Privilege.BODIES, message),
-        masker=NO_MASKING if unmask is not None else masker,
-        may_unmask=may_unmask,
-        unmask=unmask,
-    )
-
-
-def log_body_view(user, message_id, via, how, unmasked=False):
-    """A body was shown (console detail, download, API body or detail, export): who, which,
-    when, how; the activity log's ``body_view`` rows."""
-    from recovery.models import Activity
-
-    Activity.objects.create(
-        user=user,
-        action="body_view",
-        message_id=message_id,
-        via=via,
-        detail={"message": message_id, "how": how, "unmasked": unmasked},
-    )
-
-
-def privacy_of(scope, rules=None):
-    """``(vhost, queue, exchange) -> (masker, may read bodies)`` for rows that are not whole
-    messages (a failure group's newest sample)."""
-    from recovery.models import Privilege
-
-    rules = MaskingRules.load() if rules is None else rules
-
-    def of(vhost, queue, exchange):
-        row = types.SimpleNamespace(vhost=vhost, source_queue=queue, source_exchange=exchange)
-        return rules.masker_for(row), scope.may(Privilege.BODIES, row)
-
-    return of
-
-
-# How much of each sampled body the masking page tries a rule on.
-SAMPLE_BODY_BYTES = 64 * 1024
-
-
-def sample_matches(rules):
-    """{rule id: (messages it masks something in, messages looked at)} over the newest
-    MASK_RULE_SAMPLE messages each rule covers (a team's rule: in the team's scopes), the first
-    SAMPLE_BODY_BYTES of each body: a rule that matches nothing shows as such."""
-    from django.db.models import BinaryField, Q
-    from django.db.models.expressions import RawSQL
-
-    from recovery.bodies import readable
-    from recovery.models import Message, TeamScope
-    from recovery.models.teams import NOTHING
-
-    by_team = {}
-    for rule in rules:
-        by_team.setdefault(rule.team_id, []).append(rule)
-    found = {}
-    for team_id, team_rules in by_team.items():
-        where = Q()
-        if team_id is not None:
-            where = NOTHING
-            for scope in TeamScope.objects.filter(team_id=team_id):
-                where |= scope.q()
-        sample = list(
-            Message.objects.filter(where)
-            .order_by("-collected_at")
-            .only(*SAMPLED_FIELDS)
-            .annotate(
-                head=RawSQL("substring(body from 1 for %s)", [SAMPLE_BODY_BYTES], BinaryField())
-            )[: settings.MASK_RULE_SAMPLE]
-        )
-        for message in sample:
-            message.body = message.head
-        for rule in team_rules:
-            masker = masker_of([(rule.kind, compile_rule(rule.kind, rule.pattern))])
-            hits = sum(1 for message in sample if _masks_something(masker, message, readable))
-            found[rule.pk] = (hits, len(sample))
-    return found
-
-
-SAMPLED_FIELDS = (
-    "id",
-    "headers",
-    "vhost",
-    "source_queue",
-    "source_exchange",
-    "content_type",
-    "content_encoding",
-    "properties",
-)
-
-
-def _masks_something(masker, message, readable):
-    if masker.headers(message.headers) != message.headers:
-        return True
-    body = message.body_bytes
-    if masker.body(body) != body:
-        return True
-    decoded = readable(message)
-    if decoded is None:
-        return False
-    shown = masker.decoded(decoded)
-    if decoded.value is not None:
-        return shown.value != decoded.value
-    return shown.text != decoded.text

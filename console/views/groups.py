@@ -10,8 +10,8 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from console.access import viewer_required
-from recovery.masking import privacy_of
 from recovery.models import Kind, MessageTotal, Reason, group_details, scope_of, team_scoped
+from recovery.models.masking import privacy_of
 from recovery.search.groups import group_counts
 
 PAGE_SIZE = 100

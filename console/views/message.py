@@ -17,7 +17,7 @@ from console.forms.replay import DiscardForm, EditReplayForm, TargetForm, add_en
 from recovery.bodies import readable
 from recovery.client import headers as header_codec
 from recovery.errors import BrokerUnavailable, ReplayError
-from recovery.masking import NO_MASKING, log_body_view, view_of
+from recovery.masking import NO_MASKING
 from recovery.models import (
     Message,
     Privilege,
@@ -28,6 +28,7 @@ from recovery.models import (
     scope_of,
     team_scoped,
 )
+from recovery.models.masking import log_body_view, view_of
 from recovery.replay import (
     STRIPPED_HEADERS,
     discard_message,
@@ -152,6 +153,7 @@ def _detail_context(message, scope, user, target_form=None, discard_form=None, e
         "unmask_for": _duration(settings.UNMASK_SECONDS),
         "body": message_body_views(message, view.masker) if view.bodies else None,
         "headers": display_rows(view.masker.headers(message.headers), skip=("x-death",)),
+        "group_label": view.masker.label(message.group_label, message.headers),
         "properties": display_rows(message.properties, times=("timestamp",)),
         "deaths": death_timeline(message),
         "attempts": _shown_edits(attempts, view),

@@ -23,8 +23,8 @@ from recovery.api.serializers import (
 from recovery.bodies import decode_message
 from recovery.errors import BrokerUnavailable, ReplayError, StateError
 from recovery.export import export_lines, prepare_export
-from recovery.masking import log_body_view, view_of
 from recovery.models import Message, ReplayAttempt, Role, attach_died_again, scope_of, team_scoped
+from recovery.models.masking import log_body_view, view_of
 from recovery.replay import (
     discard_matching,
     discard_message,

@@ -83,6 +83,9 @@ class MessageDetailSerializer(MessageSerializer):
     )
     body_base64 = serializers.SerializerMethodField()
     body_text = serializers.SerializerMethodField()
+    group_label = serializers.SerializerMethodField(
+        help_text="queue · reason · exception (masked as the headers it was made from)."
+    )
     transient = serializers.BooleanField(
         source="is_transient",
         read_only=True,
@@ -126,6 +129,10 @@ class MessageDetailSerializer(MessageSerializer):
     @extend_schema_field(serializers.JSONField())
     def get_headers(self, obj):
         return self._view().masker.headers(obj.headers)
+
+    @extend_schema_field(serializers.CharField())
+    def get_group_label(self, obj):
+        return self._view().masker.label(obj.group_label, obj.headers)
 
     @extend_schema_field(serializers.BooleanField())
     def get_masked(self, obj):

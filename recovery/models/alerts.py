@@ -556,7 +556,7 @@ def mask_payload(body, team_id):
     """A notification's free text (summary, items, error) through the masking rules' regular
     expressions: a job's reason or a check's item can quote message content. A team's rule:
     the global rules and its team's; a global one: every rule (it may cover any team)."""
-    from recovery.masking import MaskingRules
+    from recovery.models.masking import MaskingRules
 
     rules = MaskingRules.load()
     masker = rules.team_masker(team_id)

@@ -349,6 +349,7 @@ def group_details(keys, where=("true", ()), privacy=None):
             sample = bytes(row[9] or b"")
             masker, bodies = privacy(row[10], row[4], row[5]) if privacy else (None, True)
             if masker is not None:
+                detail["label"] = masker.label(detail["label"], headers)
                 headers = masker.headers(headers)
             detail["exception"] = exception_type(header_codec.headers_from_json(headers))
             detail["sample"] = _shown_sample(sample, masker, bodies)

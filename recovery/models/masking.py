@@ -1,12 +1,18 @@
-"""Private data: masking rules, and the break-glass unmasks that lift them for a while
-(docs/security.md, "Private data"). The masking itself is recovery.masking."""
+"""Private data: masking rules, the break-glass unmasks that lift them for a while, and what
+one caller may see of one message (docs/security.md, "Private data"). The masking engine
+itself is recovery.masking."""
 
+import dataclasses
 import datetime
+import types
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
+
+from recovery.masking import NO_MASKING, Masker, compile_rule, masker_of
+from recovery.models.access import Activity, Privilege
 
 PATTERN_MAX_LENGTH = 500
 
@@ -40,8 +46,6 @@ class MaskRule(models.Model):
         return f"{self.get_kind_display()} {self.pattern!r}"
 
     def clean(self):
-        from recovery.masking import compile_rule
-
         if any(ord(char) < 32 and char not in "\t" for char in self.pattern):
             raise ValidationError({"pattern": "control characters are not allowed"})
         try:
@@ -67,8 +71,6 @@ class Unmask(models.Model):
 
     @classmethod
     def grant(cls, user, message, reason, via="console", now=None):
-        from recovery.models.access import Activity
-
         reason = (reason or "").strip()
         if not reason:
             raise ValidationError({"reason": "say why you need the unmasked content"})
@@ -106,3 +108,110 @@ class Unmask(models.Model):
             .order_by("-expires_at")
             .first()
         )
+
+
+@dataclasses.dataclass
+class MaskingRules:
+    """Every rule, compiled once: the global ones and each team's with its scopes."""
+
+    global_rules: list
+    team_rules: dict  # team id -> (scopes, rules)
+
+    @classmethod
+    def load(cls):
+        from recovery.models.teams import TeamScope
+
+        global_rules, by_team = [], {}
+        for rule in MaskRule.objects.all():
+            try:
+                compiled = (rule.kind, compile_rule(rule.kind, rule.pattern))
+            except ValueError:
+                continue  # saved through a form that checked it: cannot happen but by hand
+            if rule.team_id is None:
+                global_rules.append(compiled)
+            else:
+                by_team.setdefault(rule.team_id, []).append(compiled)
+        scopes = {}
+        for scope in TeamScope.objects.filter(team_id__in=by_team):
+            scopes.setdefault(scope.team_id, []).append(scope)
+        team_rules = {team: (scopes.get(team, []), rules) for team, rules in by_team.items()}
+        return cls(global_rules, team_rules)
+
+    def __bool__(self):
+        return bool(self.global_rules or self.team_rules)
+
+    def rules_for(self, vhost, queue, exchange):
+        rules = list(self.global_rules)
+        for scopes, team_rules in self.team_rules.values():
+            if any(scope.matches(vhost, queue, exchange) for scope in scopes):
+                rules += team_rules
+        return rules
+
+    def masker_for(self, message):
+        if not self:
+            return NO_MASKING
+        return masker_of(
+            self.rules_for(message.vhost, message.source_queue, message.source_exchange)
+        )
+
+    def team_masker(self, team_id):
+        """For text that belongs to no one message: the global rules and ``team_id``'s; with
+        no team, every team's too (the text may come from any of them)."""
+        rules = list(self.global_rules)
+        for team, (_scopes, team_rules) in self.team_rules.items():
+            if team_id is None or team == team_id:
+                rules += team_rules
+        return masker_of(rules)
+
+
+@dataclasses.dataclass
+class View:
+    """What one caller may see of one message: whether its body at all (the ``bodies``
+    privilege), and masked how (NO_MASKING while they hold an unexpired break-glass unmask)."""
+
+    bodies: bool
+    masker: Masker
+    may_unmask: bool
+    unmask: object = None  # the active recovery.models.Unmask
+
+    @property
+    def masked(self):
+        return bool(self.masker)
+
+
+def view_of(scope, user, message, rules=None):
+    """The View of ``message`` for a caller (their Scope and user); ``rules``: loaded once."""
+    rules = MaskingRules.load() if rules is None else rules
+    masker = rules.masker_for(message)
+    may_unmask = bool(masker) and scope.may(Privilege.UNMASK, message)
+    unmask = Unmask.active(user, message.pk) if may_unmask else None
+    return View(
+        bodies=scope.may(Privilege.BODIES, message),
+        masker=NO_MASKING if unmask is not None else masker,
+        may_unmask=may_unmask,
+        unmask=unmask,
+    )
+
+
+def log_body_view(user, message_id, via, how, unmasked=False):
+    """A body was shown (console detail, download, API body or detail, export): who, which,
+    when, how; the activity log's ``body_view`` rows."""
+    Activity.objects.create(
+        user=user,
+        action="body_view",
+        message_id=message_id,
+        via=via,
+        detail={"message": message_id, "how": how, "unmasked": unmasked},
+    )
+
+
+def privacy_of(scope, rules=None):
+    """``(vhost, queue, exchange) -> (masker, may read bodies)`` for rows that are not whole
+    messages (a failure group's newest sample)."""
+    rules = MaskingRules.load() if rules is None else rules
+
+    def of(vhost, queue, exchange):
+        row = types.SimpleNamespace(vhost=vhost, source_queue=queue, source_exchange=exchange)
+        return rules.masker_for(row), scope.may(Privilege.BODIES, row)
+
+    return of

@@ -147,3 +147,19 @@ def test_every_body_view_is_in_the_activity_log(client, api, viewer, secret_mess
     assert len(page.context["entries"]) == 4
     other = make_user("olga", "viewer")
     assert not client.get("/activity/", {"user": other.username}).context["entries"]
+
+
+def test_a_group_label_made_from_a_masked_header_is_masked(client, api, viewer, rules):
+    from recovery.collector.rows import failure_group
+
+    person = "alice.smith@corp.example"
+    headers = {"x-exception-message": f"declined for {person} (2 tries)", "x-exception-type": "E"}
+    MaskRule.objects.create(kind="header", pattern="x-exception-message")
+    key, label = failure_group("orders", "rejected", headers)
+    assert person in label  # the collector kept it (its numbers become #)
+    message = make_message(headers=headers, group_key=key, group_label=label)
+    client.force_login(viewer)
+    detail = client.get(f"/messages/{message.pk}/").content.decode()
+    assert person not in detail and "orders · rejected · E · [masked]" in detail
+    assert person not in client.get("/groups/").content.decode()
+    assert person not in api.as_user(viewer).get(f"/api/v1/messages/{message.pk}").content.decode()
