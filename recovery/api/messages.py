@@ -6,13 +6,14 @@ from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import generics, serializers
-from rest_framework.decorators import api_view
+from rest_framework.decorators import api_view, permission_classes
 from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.response import Response
 
 from recovery.api.errors import django_error_detail, problem_response
 from recovery.api.idempotency import idempotent
 from recovery.api.params import MessageFilterParams, StrictCharField, validated
+from recovery.api.permissions import requires
 from recovery.api.schema import IDEMPOTENCY_KEY
 from recovery.api.serializers import (
     MessageDetailSerializer,
@@ -23,7 +24,16 @@ from recovery.api.serializers import (
 from recovery.bodies import decode_message
 from recovery.errors import BrokerUnavailable, ReplayError, StateError
 from recovery.export import export_lines, prepare_export
-from recovery.models import Message, ReplayAttempt, Role, attach_died_again, scope_of, team_scoped
+from recovery.models import (
+    Message,
+    Privilege,
+    ReplayAttempt,
+    Role,
+    Unmask,
+    attach_died_again,
+    scope_of,
+    team_scoped,
+)
 from recovery.models.masking import log_body_view, view_of
 from recovery.replay import (
     discard_matching,
@@ -376,3 +386,44 @@ def export(request):
     )
     response["Content-Disposition"] = 'attachment; filename="lazarus-export.jsonl"'
     return response
+
+
+class UnmaskRequestSerializer(serializers.Serializer):
+    reason = StrictCharField(
+        max_length=500, help_text="Why the unmasked content is needed (kept in the activity)."
+    )
+
+
+class UnmaskSerializer(serializers.Serializer):
+    message = serializers.IntegerField()
+    reason = serializers.CharField()
+    expires_at = serializers.DateTimeField(
+        help_text="Until then GET messages/{id} and its body answer this caller unmasked."
+    )
+
+
+@extend_schema(
+    summary="Break-glass: read one message unmasked for a while, with a reason",
+    request=UnmaskRequestSerializer,
+    responses={200: UnmaskSerializer},
+    description="Needs the unmask privilege. For UNMASK_SECONDS the message and its body "
+    "answer this caller without masking; logged (an `unmask` activity row: who, which, why).",
+)
+@team_scoped
+@api_view(["POST"])
+@permission_classes([requires(Role.VIEWER)])  # a privilege, not a role, decides
+def unmask(request, pk):
+    message = get_object_or_404(scope_of(request).messages(), pk=pk)
+    if not scope_of(request).may(Privilege.UNMASK, message):
+        raise PermissionDenied("unmasking needs the unmask privilege")
+    body = UnmaskRequestSerializer(data=request.data)
+    body.is_valid(raise_exception=True)
+    try:
+        granted = Unmask.grant(request.user, message, body.validated_data["reason"], via="api")
+    except DjangoValidationError as exc:
+        raise as_request_fields(exc) from None
+    return Response(
+        UnmaskSerializer(
+            {"message": message.pk, "reason": granted.reason, "expires_at": granted.expires_at}
+        ).data
+    )

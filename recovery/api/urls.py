@@ -21,6 +21,7 @@ urlpatterns = [
     path("messages/restore", messages.restore_by_filter, name="api-messages-restore"),
     path("messages/<int:pk>", messages.MessageDetail.as_view(), name="api-message"),
     path("messages/<int:pk>/body", messages.body, name="api-message-body"),
+    path("messages/<int:pk>/unmask", messages.unmask, name="api-message-unmask"),
     path("messages/<int:pk>/replay", messages.replay, name="api-message-replay"),
     path("messages/<int:pk>/discard", messages.discard, name="api-message-discard"),
     path("messages/<int:pk>/restore", messages.restore, name="api-message-restore"),

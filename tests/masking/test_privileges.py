@@ -150,3 +150,20 @@ def test_edit_and_replay_of_a_masked_message_needs_the_unmasked_view(client, rea
     response = client.get(f"/messages/{secret.pk}/edit", follow=True)
     assert "needs the body unmasked" in response.content.decode()
     assert client.post(f"/messages/{secret.pk}/edit", {"headers": "{}"}).status_code == 302
+
+
+def test_the_api_unmask_needs_the_privilege_a_reason_and_then_answers_unmasked(api, reader, stored):
+    secret, _ = stored
+    masked()
+    api.as_user(reader)
+    url = f"/api/v1/messages/{secret.pk}"
+    assert SECRET not in api.get(url).content.decode()
+    assert api.post(f"{url}/unmask", {"reason": "INC-9"}).status_code == 403
+    set_privileges(reader, unmask=True)
+    assert api.post(f"{url}/unmask", {}).status_code == 400
+    granted = api.post(f"{url}/unmask", {"reason": "INC-9"}).json()
+    assert granted["message"] == secret.pk and granted["reason"] == "INC-9"
+    assert SECRET in api.get(url).content.decode()
+    assert SECRET.encode() in api.get(f"{url}/body").content
+    logged = Activity.objects.get(action="unmask", message=secret)
+    assert logged.via == "api" and logged.user == reader
