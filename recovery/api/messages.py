@@ -205,7 +205,9 @@ def as_request_fields(exc):
     "and the edit is recorded). `delay_seconds` sends it through a delay queue first. "
     "200 with outcome `confirmed` means the broker acked it; `returned` means nothing was "
     "bound, and the message stays pending with the reason. 409: not replayable in its status "
-    "(replaying, discarded, held by a job); 503: RabbitMQ unreachable, nothing was sent.",
+    "(replaying, discarded, held by a job); 503: RabbitMQ unreachable, nothing was sent. "
+    "An edit of a message that masking rules change for the caller is a 403 until they "
+    "unmask it (POST messages/{id}/unmask): what they read had masks in it.",
 )
 @team_scoped
 @api_view(["POST"])
@@ -216,6 +218,12 @@ def replay(request, pk):
     body.is_valid(raise_exception=True)
     exchange, routing_key, queue = body.target()
     headers, new_body = body.edits()
+    if headers is not None or new_body is not None:
+        view = view_of(scope_of(request), request.user, message)
+        if view.masked or not view.bodies:
+            raise PermissionDenied(
+                "an edit needs the unmasked view of this message: unmask it first"
+            )
     target = {
         "exchange": exchange,
         "routing_key": routing_key,

@@ -167,3 +167,13 @@ def test_the_api_unmask_needs_the_privilege_a_reason_and_then_answers_unmasked(a
     assert SECRET.encode() in api.get(f"{url}/body").content
     logged = Activity.objects.get(action="unmask", message=secret)
     assert logged.via == "api" and logged.user == reader
+
+
+def test_an_api_edit_of_a_masked_message_needs_the_unmasked_view(api, reader, stored):
+    secret, _ = stored
+    masked()
+    api.as_user(reader)
+    edit = {"body_text": '{"pan": "[masked]"}', "queue": "nowhere"}
+    refused = api.post(f"/api/v1/messages/{secret.pk}/replay", edit)
+    assert refused.status_code == 403 and "unmask it first" in refused.json()["detail"]
+    assert not secret.attempts.exists()
