@@ -38,7 +38,11 @@ def sample_matches(rules):
         for message in sample:
             message.body = message.head
         for rule in team_rules:
-            masker = masker_of([(rule.kind, compile_rule(rule.kind, rule.pattern))])
+            try:
+                masker = masker_of([(rule.kind, compile_rule(rule.kind, rule.pattern))])
+            except ValueError:
+                found[rule.pk] = None  # the page says it cannot be applied
+                continue
             hits = sum(1 for message in sample if _masks_something(masker, message))
             found[rule.pk] = (hits, len(sample))
     return found

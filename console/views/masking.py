@@ -44,7 +44,8 @@ def masking_list(request):
     rules = list(MaskRule.objects.select_related("team", "created_by"))
     matches = sample_matches(rules)
     for rule in rules:
-        rule.matched, rule.looked_at = matches.get(rule.pk, (0, 0))
+        rule.broken = matches.get(rule.pk, (0, 0)) is None
+        rule.matched, rule.looked_at = matches.get(rule.pk) or (0, 0)
     return render(
         request,
         "masking.html",

@@ -4,6 +4,7 @@ itself is recovery.masking."""
 
 import dataclasses
 import datetime
+import logging
 import types
 
 from django.conf import settings
@@ -13,6 +14,10 @@ from django.utils import timezone
 
 from recovery.masking import NO_MASKING, Masker, compile_rule, masker_of
 from recovery.models.access import Activity, Privilege
+
+log = logging.getLogger(__name__)
+# What a rule that no longer compiles is replaced by: everything.
+CATCH_ALL = r"(?s).+"
 
 PATTERN_MAX_LENGTH = 500
 
@@ -125,8 +130,13 @@ class MaskingRules:
         for rule in MaskRule.objects.all():
             try:
                 compiled = (rule.kind, compile_rule(rule.kind, rule.pattern))
-            except ValueError:
-                continue  # saved through a form that checked it: cannot happen but by hand
+            except ValueError as exc:
+                # Saved past the form (by hand, an older regex version): failing closed, it
+                # masks whole bodies rather than none, and says so in the log.
+                log.error(
+                    "masking rule %s cannot be applied (%s): masking whole bodies", rule.pk, exc
+                )
+                compiled = ("regex", compile_rule("regex", CATCH_ALL))
             if rule.team_id is None:
                 global_rules.append(compiled)
             else:

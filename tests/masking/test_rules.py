@@ -104,3 +104,16 @@ def test_catastrophic_backtracking_is_cut_and_the_content_withheld(settings):
     assert time.monotonic() - started < 2
     assert shown == WITHHELD
     assert runaway.body(b"a" * 60 + b"!") == WITHHELD.encode()
+
+
+@pytest.mark.django_db
+def test_a_stored_rule_that_no_longer_compiles_masks_whole_bodies(client, admin_user, caplog):
+    from recovery.models.masking import MaskingRules
+
+    rule = MaskRule.objects.create(kind="regex", pattern="(unclosed")  # past the form
+    shown = MaskingRules.load().team_masker(None)
+    assert shown.body(b"anything at all") == MASK.encode()
+    assert "cannot be applied" in caplog.text
+    client.force_login(admin_user)
+    page = client.get("/masking/").content.decode()
+    assert f'id="mask-rule-{rule.pk}-matches">invalid: it masks whole bodies' in page
