@@ -28,7 +28,7 @@ from recovery.models import (
     scope_of,
     team_scoped,
 )
-from recovery.models.masking import log_body_view, view_of
+from recovery.models.masking import log_body_view, view_of, with_unmask
 from recovery.replay import (
     STRIPPED_HEADERS,
     discard_message,
@@ -175,7 +175,7 @@ def _detail_context(message, scope, user, target_form=None, discard_form=None, e
 @viewer_required
 @require_GET
 def message_detail(request, pk):
-    message = get_object_or_404(scope_of(request).messages(), pk=pk)
+    message = get_object_or_404(with_unmask(scope_of(request).messages(), request.user), pk=pk)
     context = _detail_context(message, scope_of(request), request.user)
     if context["body"] is not None:
         log_body_view(request.user, message.pk, "console", "detail", not context["view"].masked)

@@ -34,7 +34,7 @@ from recovery.models import (
     scope_of,
     team_scoped,
 )
-from recovery.models.masking import log_body_view, view_of
+from recovery.models.masking import log_body_view, view_of, with_unmask
 from recovery.replay import (
     discard_matching,
     discard_message,
@@ -83,7 +83,7 @@ class MessageDetail(generics.RetrieveAPIView):
     team_scoped = True
 
     def get_queryset(self):
-        return scope_of(self.request).messages()
+        return with_unmask(scope_of(self.request).messages(), self.request.user)
 
     def retrieve(self, request, *args, **kwargs):
         message = self.get_object()
@@ -147,7 +147,8 @@ class DecodedBodySerializer(serializers.Serializer):
 @api_view(["GET"])
 def body(request, pk):
     message = get_object_or_404(
-        scope_of(request).messages(Message.objects.only(*BODY_FIELDS)), pk=pk
+        with_unmask(scope_of(request).messages(Message.objects.only(*BODY_FIELDS)), request.user),
+        pk=pk,
     )
     params = validated(BodyParams, request.query_params)
     view = view_of(scope_of(request), request.user, message)
