@@ -12,7 +12,8 @@ import json
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
 
-from recovery.models import Activity, Message, Privilege
+from recovery import bodies
+from recovery.models import Activity, DecoderRule, Message, Privilege
 from recovery.models.masking import MaskingRules
 from recovery.search.filters import apply_filters
 
@@ -88,6 +89,7 @@ def export_lines(ids, readable):
     """One JSON line per message, in ``ids`` order: bodies (of ``readable`` ids) and headers
     masked; break-glass unmasks do not apply to exports."""
     rules = MaskingRules.load()
+    decoders = list(DecoderRule.objects.all())
     for start in range(0, len(ids), CHUNK):
         chunk = ids[start : start + CHUNK]
         messages = Message.objects.only(*FIELDS).in_bulk(chunk)
@@ -95,11 +97,13 @@ def export_lines(ids, readable):
             message = messages.get(pk)
             if message is None:  # deleted (retention) since the export began
                 continue
-            yield json.dumps(_line(message, rules.masker_for(message), pk in readable)) + "\n"
+            masker = rules.masker_for(message)
+            stored = bodies.readable(message, decoders) if masker and pk in readable else None
+            yield json.dumps(_line(message, masker, pk in readable, stored)) + "\n"
 
 
-def _line(message, masker, with_body):
-    body = masker.body(message.body_bytes) if with_body else None
+def _line(message, masker, with_body, stored):
+    body = masker.stored(message.body_bytes, stored) if with_body else None
     return {
         "id": message.pk,
         "kind": message.kind,

@@ -24,6 +24,7 @@ import re
 import regex
 from django.conf import settings
 
+from recovery.bodies.decode import ENCODERS, DecodeError
 from recovery.collector.rows import label_message
 
 MASK = "[masked]"
@@ -218,6 +219,35 @@ class Masker:
             return self._sub(data.decode("latin-1")).encode("latin-1")
         except MaskingTimeout:
             return WITHHELD.encode()
+
+    def stored(self, data, decoded):
+        """The stored bytes as a viewer may have them (the raw views, a download, the API's
+        raw body, an export). ``decoded``: the body's decoded form (recovery.bodies.readable),
+        or None for a body read as it is stored.
+
+        A compressed, encoded or binary-document body (gzip, base64, MessagePack, protobuf...)
+        hides its content from the rules as stored (and a reader undoes the layers in a
+        moment), so it is re-encoded from its masked document through the same chain; where
+        that cannot be done (the mask does not fit a protobuf field, a layer failed), the raw
+        bytes are withheld whole."""
+        data = bytes(data)
+        if not self:
+            return data
+        if decoded is None or not (decoded.chain or decoded.error):
+            return self.body(data)
+        if decoded.error is None and not decoded.truncated:
+            try:
+                if decoded.document is not None and decoded.value is not None:
+                    masked = self._leaves(self.value(decoded.value))
+                    return decoded.encode(masked)
+                if decoded.text is not None:
+                    inner = self.text(decoded.text).encode("utf-8")
+                    for layer in decoded.layers:
+                        inner = ENCODERS[layer](inner)
+                    return inner
+            except (DecodeError, MaskingTimeout, RecursionError, KeyError):
+                pass
+        return WITHHELD.encode()
 
     def decoded(self, decoded):
         """A recovery.bodies.Decoded with its document, text and bytes masked."""

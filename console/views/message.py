@@ -38,6 +38,17 @@ from recovery.replay import (
 )
 
 HEX_LIMIT = 64 * 1024
+# What the download reads: the body and what says how it is encoded (masking decodes it).
+RAW_BODY_FIELDS = (
+    "id",
+    "body",
+    "vhost",
+    "source_queue",
+    "source_exchange",
+    "content_type",
+    "content_encoding",
+    "properties",
+)
 TEXT_LIMIT = 1024 * 1024
 
 
@@ -67,9 +78,10 @@ def message_body_views(message, masker=NO_MASKING):
     """body_views, plus the decoded form where the properties or an admin's decoder rule name a
     chain (gzip, msgpack, protobuf...): shown first when it decodes; when it does not, the
     reason above the raw forms. ``masker``: the masking rules that apply to the viewer."""
-    views = body_views(masker.body(message.body_bytes))
+    stored = readable(message)
+    views = body_views(masker.stored(message.body_bytes, stored))
     views["decoded"] = None
-    decoded = masker.decoded(readable(message))
+    decoded = masker.decoded(stored)
     if decoded is not None:
         views["decoded"] = decoded
         views["decoded_text"] = (decoded.text or "")[:TEXT_LIMIT]
@@ -127,17 +139,19 @@ def _duration(seconds):
     return f"{seconds // 60} min" if seconds % 60 == 0 else f"{seconds} s"
 
 
-def _shown_edits(attempts, view):
+def _shown_edits(message, attempts, view):
     """Each edited attempt's copy as this viewer may see it (``shown_headers``/``shown_body``:
-    masked; no body without the bodies privilege)."""
+    masked, read as the message is; no body without the bodies privilege)."""
     for attempt in attempts:
         edit = getattr(attempt, "edit", None) if attempt.edited else None
         if edit is None:
             continue
         edit.shown_headers = None if edit.headers is None else view.masker.headers(edit.headers)
-        edit.shown_body = (
-            None if edit.body is None or not view.bodies else view.masker.body(edit.body)
-        )
+        edit.shown_body = None
+        if edit.body is not None and view.bodies:
+            edit.shown_body = view.masker.stored(
+                edit.body, readable(message, body=edit.body) if view.masked else None
+            )
         edit.body_withheld = edit.body is not None and not view.bodies
     return attempts
 
@@ -156,7 +170,7 @@ def _detail_context(message, scope, user, target_form=None, discard_form=None, e
         "group_label": view.masker.label(message.group_label, message.headers),
         "properties": display_rows(message.properties, times=("timestamp",)),
         "deaths": death_timeline(message),
-        "attempts": _shown_edits(attempts, view),
+        "attempts": _shown_edits(message, attempts, view),
         "activity": message.activity.select_related("user").order_by("-created_at", "-id")[:20],
         # Copies that died again elsewhere (replayed to another team's queue) stay theirs.
         "returns": scope.messages(message.returns.only("id", "collected_at", "status", "reason"))[
@@ -352,18 +366,15 @@ def message_body(request, pk):
     """The body bytes (masked as the viewer sees them) as a download: never rendered inline,
     whatever its content type says."""
     message = get_object_or_404(
-        scope_of(request).messages(
-            Message.objects.only("id", "body", "vhost", "source_queue", "source_exchange")
-        ),
+        scope_of(request).messages(Message.objects.only(*RAW_BODY_FIELDS)),
         pk=pk,
     )
     view = view_of(scope_of(request), request.user, message)
     if not view.bodies:
         raise PermissionDenied("your role shows metadata only: no bodies")
     log_body_view(request.user, message.pk, "console", "download", not view.masked)
-    response = HttpResponse(
-        view.masker.body(message.body_bytes), content_type="application/octet-stream"
-    )
+    body = view.masker.stored(message.body_bytes, readable(message) if view.masked else None)
+    response = HttpResponse(body, content_type="application/octet-stream")
     response["Content-Disposition"] = f'attachment; filename="message-{message.pk}.bin"'
     return response
 

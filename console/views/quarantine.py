@@ -11,6 +11,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from console.access import operator_required, viewer_required
+from recovery.bodies import needs_decoding
 from recovery.broker import quarantine
 from recovery.models import Activity, Privilege, scope_of
 from recovery.models.masking import MaskingRules
@@ -21,6 +22,10 @@ ACTIONS = {"retry": quarantine.retry, "discard": quarantine.discard}
 def _shown_preview(item, masker, bodies):
     if not bodies:
         return "(metadata only: no body)"
+    if masker and needs_decoding(
+        item.properties.get("content_type"), item.properties.get("content_encoding")
+    ):
+        return "(masked: an encoded or binary body's preview is not shown while rules apply)"
     if masker.paths and item.size > len(item.preview):
         return "(masked: the preview is cut before the document ends, its paths cannot be masked)"
     return masker.body(item.preview).decode("utf-8", "replace")

@@ -21,7 +21,7 @@ from recovery.api.serializers import (
     ReplayAttemptSerializer,
     ReplayRequestSerializer,
 )
-from recovery.bodies import decode_message
+from recovery.bodies import decode_message, readable
 from recovery.errors import BrokerUnavailable, ReplayError, StateError
 from recovery.export import export_lines, prepare_export
 from recovery.models import (
@@ -157,8 +157,10 @@ def body(request, pk):
     how = "api_body_decoded" if params["decoded"] else "api_body"
     log_body_view(request.user, message.pk, "api", how, not view.masked)
     if not params["decoded"]:
+        stored = readable(message) if view.masked else None
         response = HttpResponse(
-            view.masker.body(message.body_bytes), content_type="application/octet-stream"
+            view.masker.stored(message.body_bytes, stored),
+            content_type="application/octet-stream",
         )
         response["Content-Disposition"] = f'attachment; filename="message-{message.pk}.bin"'
         response["X-Content-Type-Options"] = "nosniff"

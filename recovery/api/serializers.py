@@ -5,6 +5,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from recovery.api.params import StrictCharField, StrictIntegerChoiceField
+from recovery.bodies import readable
 from recovery.broker.codec import json_headers_problem
 from recovery.models import DIED_AGAIN, Message, ReplayAttempt, Status
 from recovery.replay.options import QUEUE_OR_EXCHANGE, names_queue_and_exchange
@@ -144,7 +145,9 @@ class MessageDetailSerializer(MessageSerializer):
 
     def _body(self, obj):
         view = self._view()
-        return view.masker.body(obj.body_bytes) if view.bodies else None
+        if not view.bodies:
+            return None
+        return view.masker.stored(obj.body_bytes, readable(obj) if view.masked else None)
 
     @extend_schema_field(serializers.CharField(allow_null=True))
     def get_body_base64(self, obj):
