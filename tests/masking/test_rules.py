@@ -117,3 +117,17 @@ def test_a_stored_rule_that_no_longer_compiles_masks_whole_bodies(client, admin_
     client.force_login(admin_user)
     page = client.get("/masking/").content.decode()
     assert f'id="mask-rule-{rule.pk}-matches">invalid: it masks whole bodies' in page
+
+
+@pytest.mark.django_db
+def test_a_runaway_rule_cannot_hold_the_detail_page(client, viewer, settings):
+    from tests.helpers import make_message
+
+    settings.MASK_REGEX_TIMEOUT_MS = 50
+    MaskRule.objects.create(kind="regex", pattern=r"(a|aa)+$")
+    message = make_message(body=b"a" * 60 + b"!", content_type="text/plain")
+    client.force_login(viewer)
+    started = time.monotonic()
+    page = client.get(f"/messages/{message.pk}/").content.decode()
+    assert time.monotonic() - started < 5  # unbounded, this pattern runs for minutes
+    assert WITHHELD in page and "a" * 60 not in page
