@@ -65,6 +65,7 @@ urlpatterns = [
     path("users/", users.user_list, name="users"),
     path("users/<int:pk>/role", users.user_role, name="user-role"),
     path("users/<int:pk>/active", users.user_active, name="user-active"),
+    path("users/<int:pk>/privileges", users.user_privileges, name="user-privileges"),
     path("users/unlock", users.user_unlock, name="user-unlock"),
     path("decoders/", decoders.decoder_list, name="decoders"),
     path("decoders/<int:pk>/delete", decoders.decoder_delete, name="decoder-delete"),

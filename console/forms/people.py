@@ -31,6 +31,7 @@ class ActivityFilterForm(forms.Form):
         ("token_revoked", "API token revoked"),
         ("user_created", "user created"),
         ("role_changed", "role changed"),
+        ("privileges_changed", "privileges changed"),
         ("user_deactivated", "user deactivated"),
         ("user_activated", "user activated"),
         ("body_view", "body viewed (detail, download, API, export)"),

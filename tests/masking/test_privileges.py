@@ -177,3 +177,18 @@ def test_an_api_edit_of_a_masked_message_needs_the_unmasked_view(api, reader, st
     refused = api.post(f"/api/v1/messages/{secret.pk}/replay", edit)
     assert refused.status_code == 403 and "unmask it first" in refused.json()["detail"]
     assert not secret.attempts.exists()
+
+
+def test_an_admin_sets_global_privileges_on_the_users_page(client, admin_user, reader):
+    client.force_login(admin_user)
+    assert 'id="privileges-' in client.get("/users/").content.decode()
+    client.post(f"/users/{reader.pk}/privileges", {"unmask": "on", "export": "on"})
+    from recovery.models import Privilege, Scope
+
+    scope = Scope.of(reader)
+    assert not scope.may(Privilege.BODIES)
+    assert scope.may(Privilege.UNMASK) and scope.may(Privilege.EXPORT)
+    logged = Activity.objects.get(action="privileges_changed")
+    assert logged.detail["privileges"] == {"bodies": False, "unmask": True, "export": True}
+    client.force_login(reader)
+    assert client.post(f"/users/{reader.pk}/privileges", {"bodies": "on"}).status_code == 403
