@@ -192,3 +192,8 @@ def test_an_admin_sets_global_privileges_on_the_users_page(client, admin_user, r
     assert logged.detail["privileges"] == {"bodies": False, "unmask": True, "export": True}
     client.force_login(reader)
     assert client.post(f"/users/{reader.pk}/privileges", {"bodies": "on"}).status_code == 403
+
+
+def test_me_says_which_privileges_a_caller_holds(api, metadata_only):
+    set_privileges(metadata_only, bodies=False, export=True)
+    assert api.as_user(metadata_only).get("/api/v1/me").json()["privileges"] == ["export"]
