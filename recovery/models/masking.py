@@ -65,8 +65,10 @@ class Unmask(models.Model):
     reason they gave. Logged as an ``unmask`` activity row as well (who, which, why)."""
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
+    # DO_NOTHING: retention's deletes stay as they were; an unmask of a deleted message is
+    # inert (it expires, and there is nothing left to show).
     message = models.ForeignKey(
-        "recovery.Message", on_delete=models.CASCADE, related_name="+", db_constraint=False
+        "recovery.Message", on_delete=models.DO_NOTHING, related_name="+", db_constraint=False
     )
     reason = models.CharField(max_length=500)
     created_at = models.DateTimeField(default=timezone.now)
