@@ -399,6 +399,14 @@ COLLECTOR_MAX_BODY_BYTES = env_int("COLLECTOR_MAX_BODY_BYTES", 64 * 1024 * 1024,
 # How far one byte layer of a body (gzip, deflate, zstd) may inflate when the console, the API or
 # the search index decodes it (recovery.bodies): past it the decoded form is cut and labelled.
 BODY_DECODE_LIMIT = env_int("BODY_DECODE_LIMIT", 16 * 1024 * 1024, minimum=1024)
+# Private data (docs/security.md, "Private data"): how long a break-glass unmask lasts, how long
+# one masking regular expression may run on one piece of content before it is withheld whole,
+# how many recent messages a masking rule is tried on to say whether it matches anything, and
+# the most messages one export may hold.
+UNMASK_SECONDS = env_int("UNMASK_SECONDS", 15 * 60, minimum=1)
+MASK_REGEX_TIMEOUT_MS = env_int("MASK_REGEX_TIMEOUT_MS", 100, minimum=1)
+MASK_RULE_SAMPLE = env_int("MASK_RULE_SAMPLE", 200, minimum=1)
+EXPORT_MAX_MESSAGES = env_int("EXPORT_MAX_MESSAGES", 100_000, minimum=1)
 # Seconds to wait for a schema registry (a decoder rule's Avro schemas by id) before the body
 # is shown raw with the reason.
 SCHEMA_REGISTRY_TIMEOUT = env_float("SCHEMA_REGISTRY_TIMEOUT", 3.0)

@@ -31,12 +31,18 @@ class ActivityFilterForm(forms.Form):
         ("token_revoked", "API token revoked"),
         ("user_created", "user created"),
         ("role_changed", "role changed"),
+        ("privileges_changed", "privileges changed"),
         ("user_deactivated", "user deactivated"),
         ("user_activated", "user activated"),
         ("login_refused", "sign-in refused"),
         ("sso_roles_changed", "roles changed at sign-in"),
         ("sso_mapping_created", "sign-in mapping created"),
         ("sso_mapping_deleted", "sign-in mapping deleted"),
+        ("body_view", "body viewed (detail, download, API, export)"),
+        ("unmask", "break-glass unmask"),
+        ("export", "export"),
+        ("mask_rule_created", "masking rule created"),
+        ("mask_rule_deleted", "masking rule deleted"),
     ]
     VIA = [("", "any"), ("console", "console"), ("api", "api"), ("system", "system")]
 

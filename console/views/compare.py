@@ -10,6 +10,7 @@ from django.views.decorators.http import require_GET
 from console.access import viewer_required
 from console.views.message import display_rows, message_body_views
 from recovery.models import scope_of, team_scoped
+from recovery.models.masking import log_body_view, view_of, with_unmask
 
 # difflib is quadratic in the worst case: bodies are compared on their first lines only.
 DIFF_LINES = 2000
@@ -60,14 +61,27 @@ def body_diff(a_text, b_text):
 @require_GET
 def message_compare(request):
     a_id, b_id = _ids(request)
-    found = {m.pk: m for m in scope_of(request).messages().filter(pk__in=[a_id, b_id])}
+    scope, user = scope_of(request), request.user
+    messages = with_unmask(scope.messages(), user).filter(pk__in=[a_id, b_id])
+    found = {m.pk: m for m in messages}
     if a_id not in found or b_id not in found:
         missing = ", ".join(f"#{i}" for i in (a_id, b_id) if i not in found)
         raise Http404(f"No message {missing} (or it is not yours to see).")
     a, b = found[a_id], found[b_id]
-    a_body, a_form = body_text(message_body_views(a))
-    b_body, b_form = body_text(message_body_views(b))
+    # Each as the caller may see it (masked, or no body for a metadata-only caller), and each
+    # body shown is a body view in the activity log.
+    views = {m.pk: view_of(scope, user, m) for m in (a, b)}
+    bodies = {}
+    for m in (a, b):
+        view = views[m.pk]
+        if view.bodies:
+            bodies[m.pk] = body_text(message_body_views(m, view.masker))
+            log_body_view(user, m.pk, "console", "compare", not view.masked)
+        else:
+            bodies[m.pk] = ("", "metadata only: no body")
+    (a_body, a_form), (b_body, b_form) = bodies[a.pk], bodies[b.pk]
     diff = body_diff(a_body or "", b_body or "")
+    shown_bodies = views[a.pk].bodies and views[b.pk].bodies
     return render(
         request,
         "messages/compare.html",
@@ -79,12 +93,20 @@ def message_compare(request):
                 display_rows(b.properties, times=("timestamp",)),
             ),
             "headers": table_diff(
-                display_rows(a.headers, skip=("x-death",)),
-                display_rows(b.headers, skip=("x-death",)),
+                display_rows(views[a.pk].masker.headers(a.headers), skip=("x-death",)),
+                display_rows(views[b.pk].masker.headers(b.headers), skip=("x-death",)),
             ),
             "forms": (a_form, b_form),
+            "shown_bodies": shown_bodies,
             "diff": diff,
-            "same_body": bytes(a.body_bytes) == bytes(b.body_bytes),
+            # Masked bodies are compared as shown: equal stored bytes behind a mask would say
+            # that the hidden values are equal.
+            "same_body": shown_bodies
+            and (
+                a_body == b_body
+                if views[a.pk].masked or views[b.pk].masked
+                else bytes(a.body_bytes) == bytes(b.body_bytes)
+            ),
             "cut": max(len((a_body or "").splitlines()), len((b_body or "").splitlines()))
             > DIFF_LINES,
             "diff_lines": DIFF_LINES,

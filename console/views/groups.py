@@ -25,7 +25,8 @@ from recovery.models import (
     scope_of,
     team_scoped,
 )
-from recovery.models.counts import hourly_sparks, sample_line
+from recovery.models.counts import SAMPLE_BYTES, hourly_sparks, shown_sample
+from recovery.models.masking import privacy_of
 from recovery.search.groups import group_counts
 
 PAGE_SIZE = 100
@@ -88,7 +89,9 @@ def group_list(request):
         chunk = list(rows[(page - 1) * PAGE_SIZE : page * PAGE_SIZE + 1])
         has_more = len(chunk) > PAGE_SIZE
         chunk = chunk[:PAGE_SIZE]
-        details = group_details([row["group_key"] for row in chunk], scope.where_sql())
+        details = group_details(
+            [row["group_key"] for row in chunk], scope.where_sql(), privacy_of(scope)
+        )
         # A group whose messages are all gone (retention) has no details: it is not shown.
         groups = [
             {**row, **details[row["group_key"]]} for row in chunk if row["group_key"] in details
@@ -119,7 +122,6 @@ def group_list(request):
 
 
 GROUP_PAGE_SIZE = 50
-PREVIEW_BYTES = 400
 
 
 @team_scoped
@@ -131,18 +133,31 @@ def group_detail(request, key):
     a sample) and its messages, newest first, with a body preview each."""
     scope = scope_of(request)
     counts = next(iter(group_counts(MessageTotal.objects.filter(scope.q(), group_key=key))), None)
-    details = group_details([key], scope.where_sql())
+    privacy = privacy_of(scope)
+    details = group_details([key], scope.where_sql(), privacy)
     if counts is None or key not in details:
         raise Http404("No such failure group (or none of its messages is yours to see).")
     messages = scope.messages(
         Message.objects.filter(group_key=key)
-        .only("id", "status", "message_id", "body_size", "collected_at", "replay_count")
-        .annotate(preview=Substr("body", 1, PREVIEW_BYTES, output_field=BinaryField()))
+        .only(
+            "id",
+            "status",
+            "message_id",
+            "body_size",
+            "collected_at",
+            "replay_count",
+            "vhost",
+            "source_queue",
+            "source_exchange",
+        )
+        .annotate(preview=Substr("body", 1, SAMPLE_BYTES, output_field=BinaryField()))
     )
     page = newest_first_page(messages, request.GET.get("before"), GROUP_PAGE_SIZE, "collected_at")
     rows = attach_died_again(page.rows)
     for row in rows:
-        row.preview_line = sample_line(bytes(row.preview or b""))
+        # As the caller may see it: masked, or nothing for a metadata-only caller.
+        masker, bodies = privacy(row.vhost, row.source_queue, row.source_exchange)
+        row.preview_line = shown_sample(bytes(row.preview or b""), masker, bodies)
     back = urlencode({"group": key})
     return render(
         request,

@@ -5,9 +5,10 @@ import datetime
 import json
 from urllib.parse import urlencode
 
+from django.conf import settings
 from django.contrib import messages as flash
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import OperationalError, transaction
 from django.db.models import Q
 from django.http import HttpResponse, QueryDict
@@ -19,14 +20,18 @@ from console.forms.replay import DiscardForm, EditReplayForm, TargetForm, add_en
 from recovery.bodies import readable
 from recovery.client import headers as header_codec
 from recovery.errors import BrokerUnavailable, ReplayError
+from recovery.masking import NO_MASKING
 from recovery.models import (
     Message,
+    Privilege,
     Role,
+    Unmask,
     attach_died_again,
     mark_died_again,
     scope_of,
     team_scoped,
 )
+from recovery.models.masking import log_body_view, view_of, with_unmask
 from recovery.replay import (
     STRIPPED_HEADERS,
     discard_message,
@@ -37,6 +42,17 @@ from recovery.replay import (
 from recovery.search.filters import MessageFilterForm, narrow_search, planner_settings
 
 HEX_LIMIT = 64 * 1024
+# What the download reads: the body and what says how it is encoded (masking decodes it).
+RAW_BODY_FIELDS = (
+    "id",
+    "body",
+    "vhost",
+    "source_queue",
+    "source_exchange",
+    "content_type",
+    "content_encoding",
+    "properties",
+)
 TEXT_LIMIT = 1024 * 1024
 
 
@@ -62,13 +78,14 @@ def body_views(body):
     return views
 
 
-def message_body_views(message):
+def message_body_views(message, masker=NO_MASKING):
     """body_views, plus the decoded form where the properties or an admin's decoder rule name a
     chain (gzip, msgpack, protobuf...): shown first when it decodes; when it does not, the
-    reason above the raw forms."""
-    views = body_views(message.body_bytes)
+    reason above the raw forms. ``masker``: the masking rules that apply to the viewer."""
+    stored = readable(message)
+    views = body_views(masker.stored(message.body_bytes, stored))
     views["decoded"] = None
-    decoded = readable(message)
+    decoded = masker.decoded(stored)
     if decoded is not None:
         views["decoded"] = decoded
         views["decoded_text"] = (decoded.text or "")[:TEXT_LIMIT]
@@ -122,18 +139,42 @@ def death_timeline(message):
     return list(reversed(entries))
 
 
-def _detail_context(message, scope, target_form=None, discard_form=None, error=None):
+def _duration(seconds):
+    return f"{seconds // 60} min" if seconds % 60 == 0 else f"{seconds} s"
+
+
+def _shown_edits(message, attempts, view):
+    """Each edited attempt's copy as this viewer may see it (``shown_headers``/``shown_body``:
+    masked, read as the message is; no body without the bodies privilege)."""
+    for attempt in attempts:
+        edit = getattr(attempt, "edit", None) if attempt.edited else None
+        if edit is None:
+            continue
+        edit.shown_headers = None if edit.headers is None else view.masker.headers(edit.headers)
+        edit.shown_body = None
+        if edit.body is not None and view.bodies:
+            edit.shown_body = view.masker.stored(
+                edit.body, readable(message, body=edit.body) if view.masked else None
+            )
+        edit.body_withheld = edit.body is not None and not view.bodies
+    return attempts
+
+
+def _detail_context(message, scope, user, target_form=None, discard_form=None, error=None):
     exchange, routing_key = message.default_target()
     attach_died_again([message])  # afresh: after a replay the cached answer is stale
+    view = view_of(scope, user, message)
+    attempts = mark_died_again(message, message.attempts.select_related("user", "edit__user")[:50])
     return {
         "message": message,
-        "body": message_body_views(message),
-        "headers": display_rows(message.headers, skip=("x-death",)),
+        "view": view,
+        "unmask_for": _duration(settings.UNMASK_SECONDS),
+        "body": message_body_views(message, view.masker) if view.bodies else None,
+        "headers": display_rows(view.masker.headers(message.headers), skip=("x-death",)),
+        "group_label": view.masker.label(message.group_label, message.headers),
         "properties": display_rows(message.properties, times=("timestamp",)),
         "deaths": death_timeline(message),
-        "attempts": mark_died_again(
-            message, message.attempts.select_related("user", "edit__user")[:50]
-        ),
+        "attempts": _shown_edits(message, attempts, view),
         "activity": message.activity.select_related("user").order_by("-created_at", "-id")[:20],
         # Copies that died again elsewhere (replayed to another team's queue) stay theirs.
         "returns": scope.messages(message.returns.only("id", "collected_at", "status", "reason"))[
@@ -152,8 +193,10 @@ def _detail_context(message, scope, target_form=None, discard_form=None, error=N
 @viewer_required
 @require_GET
 def message_detail(request, pk):
-    message = get_object_or_404(scope_of(request).messages(), pk=pk)
-    context = _detail_context(message, scope_of(request))
+    message = get_object_or_404(with_unmask(scope_of(request).messages(), request.user), pk=pk)
+    context = _detail_context(message, scope_of(request), request.user)
+    if context["body"] is not None:
+        log_body_view(request.user, message.pk, "console", "detail", not context["view"].masked)
     # The list it came from (filters, page): parsed and encoded again, so it can only ever be a
     # query string for the message list.
     back = QueryDict(request.GET.get("back", ""))
@@ -178,7 +221,8 @@ def list_neighbours(message, back, scope):
     form = MessageFilterForm(back)
     if not form.is_valid():
         return None, None
-    rows = scope.messages(form.apply(Message.objects.all()))
+    # With the scope: a metadata-only caller's search reads no body here either.
+    rows = scope.messages(form.apply(Message.objects.all(), scope))
     at, pk = message.collected_at, message.pk
     try:
         with transaction.atomic(), planner_settings(statement_timeout=NEIGHBOUR_TIMEOUT_MS):
@@ -205,7 +249,9 @@ def _status_response(request, message, error=None, status=200, target_form=None,
     with the error or notice as a flash message."""
     message.refresh_from_db()
     if request.htmx:
-        ctx = _detail_context(message, scope_of(request), target_form=target_form, error=error)
+        ctx = _detail_context(
+            message, scope_of(request), request.user, target_form=target_form, error=error
+        )
         ctx["notice"] = notice
         return render(request, "messages/detail.html#actions", ctx, status=status)
     if error:
@@ -293,6 +339,20 @@ def editable_headers(message):
 def message_edit(request, pk):
     """Edit headers/body/target and replay once; the stored original is never changed."""
     message = get_object_or_404(scope_of(request).messages(minimum=Role.OPERATOR), pk=pk)
+    view = view_of(scope_of(request), request.user, message)
+    if not view.bodies or view.masked:
+        # Editing a masked rendering would send the masks: edit from the unmasked view only.
+        flash.error(
+            request,
+            "Edit and replay needs the body unmasked: "
+            + (
+                "unmask this message first (with a reason)."
+                if view.bodies and view.may_unmask
+                else "you may not read this message's body unmasked."
+            ),
+        )
+        return redirect("message", pk=message.pk)
+    log_body_view(request.user, message.pk, "console", "edit", True)
     body = body_views(message.body_bytes)
     body_editable = body["text"] is not None and not body["text_truncated"]
     # A decodable document is edited decoded unless the operator asked for the raw text.
@@ -348,10 +408,39 @@ def message_edit(request, pk):
 @viewer_required
 @require_GET
 def message_body(request, pk):
-    """The raw body bytes as a download: never rendered inline, whatever its content type says."""
+    """The body bytes (masked as the viewer sees them) as a download: never rendered inline,
+    whatever its content type says."""
     message = get_object_or_404(
-        scope_of(request).messages(Message.objects.only("id", "body")), pk=pk
+        scope_of(request).messages(Message.objects.only(*RAW_BODY_FIELDS)),
+        pk=pk,
     )
-    response = HttpResponse(message.body_bytes, content_type="application/octet-stream")
+    view = view_of(scope_of(request), request.user, message)
+    if not view.bodies:
+        raise PermissionDenied("your role shows metadata only: no bodies")
+    log_body_view(request.user, message.pk, "console", "download", not view.masked)
+    body = view.masker.stored(message.body_bytes, readable(message) if view.masked else None)
+    response = HttpResponse(body, content_type="application/octet-stream")
     response["Content-Disposition"] = f'attachment; filename="message-{message.pk}.bin"'
     return response
+
+
+@team_scoped
+@login_required
+@viewer_required
+@require_POST
+def message_unmask(request, pk):
+    """Break-glass: the caller, holding the unmask privilege, reads this message unmasked for
+    UNMASK_SECONDS, for the reason they state (recorded with them and the time)."""
+    message = get_object_or_404(scope_of(request).messages(), pk=pk)
+    if not scope_of(request).may(Privilege.UNMASK, message):
+        raise PermissionDenied("unmasking needs the unmask privilege")
+    try:
+        unmask = Unmask.grant(request.user, message, request.POST.get("reason", ""))
+    except ValidationError as exc:
+        flash.error(request, _error_text(exc))
+    else:
+        flash.warning(
+            request,
+            f"Unmasked until {unmask.expires_at:%H:%M:%S} UTC; this is in the activity log.",
+        )
+    return redirect("message", pk=message.pk)

@@ -6,6 +6,7 @@ from django.contrib import messages as flash
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.db import OperationalError, transaction
+from django.http import HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
@@ -15,10 +16,12 @@ from console.access import operator_required, viewer_required
 from console.forms.replay import BulkActionForm
 from console.views.paging import newest_first_page, query_without
 from recovery.errors import ReplayError
+from recovery.export import export_lines, prepare_export
 from recovery.models import (
     DISCARDABLE,
     RESTORABLE,
     Message,
+    Privilege,
     Role,
     attach_died_again,
     scope_of,
@@ -55,7 +58,7 @@ LIST_COLUMNS = (
 def _page(form, before, scope):
     """One newest-first page. A free-text search gets a time limit: a term made only of very
     common trigrams (short numbers, say) can make PostgreSQL recheck most of the store."""
-    queryset = scope.messages(form.apply(Message.objects.only(*LIST_COLUMNS)))
+    queryset = scope.messages(form.apply(Message.objects.only(*LIST_COLUMNS), scope))
     if not form.cleaned_data.get("q"):
         page = newest_first_page(queryset, before, PAGE_SIZE, "collected_at")
         return attach_died_again(page.rows), page.next_before
@@ -96,6 +99,7 @@ def message_list(request):
         "min_substring": MIN_SUBSTRING_LENGTH,
         "next": request.get_full_path(),
         "search_error": search_error,
+        "can_export": scope_of(request).may(Privilege.EXPORT),
     }
     template = "messages/list.html"
     if request.htmx and request.htmx.target == "message-table":
@@ -187,7 +191,9 @@ def message_by_filter(request, action):
         if not remaining:
             return redirect(reverse("messages") + "?" + query)
     operable = scope_of(request).messages(minimum=Role.OPERATOR)
-    count = form.apply(operable.filter(status__in=statuses)).count() if named else 0
+    count = (
+        form.apply(operable.filter(status__in=statuses), scope_of(request)).count() if named else 0
+    )
     return render(
         request,
         "messages/by_filter.html",
@@ -202,3 +208,28 @@ def message_by_filter(request, action):
             "reason": request.POST.get("reason", ""),
         },
     )
+
+
+@team_scoped
+@login_required
+@viewer_required
+@require_GET
+def message_export(request):
+    """The list's filter as JSON Lines with base64 bodies, masked (the export privilege)."""
+    form = MessageFilterForm(request.GET)
+    if not form.is_valid():
+        errors = "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items())
+        return HttpResponse(errors, status=400, content_type="text/plain; charset=utf-8")
+    try:
+        ids, readable = prepare_export(
+            scope_of(request), request.user, form.cleaned_data, "console"
+        )
+    except ValidationError as exc:
+        return HttpResponse(
+            " ".join(exc.messages), status=400, content_type="text/plain; charset=utf-8"
+        )
+    response = StreamingHttpResponse(
+        export_lines(ids, readable), content_type="application/x-ndjson"
+    )
+    response["Content-Disposition"] = 'attachment; filename="lazarus-export.jsonl"'
+    return response

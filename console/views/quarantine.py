@@ -11,10 +11,24 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from console.access import operator_required, viewer_required
+from recovery.bodies import needs_decoding
 from recovery.broker import quarantine
-from recovery.models import Activity
+from recovery.models import Activity, Privilege, scope_of
+from recovery.models.masking import MaskingRules
 
 ACTIONS = {"retry": quarantine.retry, "discard": quarantine.discard}
+
+
+def _shown_preview(item, masker, bodies):
+    if not bodies:
+        return "(metadata only: no body)"
+    if masker and needs_decoding(
+        item.properties.get("content_type"), item.properties.get("content_encoding")
+    ):
+        return "(masked: an encoded or binary body's preview is not shown while rules apply)"
+    if masker.paths and item.size > len(item.preview):
+        return "(masked: the preview is cut before the document ends, its paths cannot be masked)"
+    return masker.body(item.preview).decode("utf-8", "replace")
 
 
 @login_required
@@ -22,12 +36,18 @@ ACTIONS = {"retry": quarantine.retry, "discard": quarantine.discard}
 @require_GET
 def quarantine_list(request):
     sections = []
+    # A quarantined delivery belongs to no stored message (nor team): every masking rule applies.
+    masker = MaskingRules.load().team_masker(None)
+    bodies = scope_of(request).may(Privilege.BODIES)
     for vhost in settings.RECOVERY_VHOSTS:
         try:
             items, depth = quarantine.browse(vhost)
             error = None
         except (pika.exceptions.AMQPError, OSError) as exc:
             items, depth, error = [], None, f"{type(exc).__name__}: {exc}"
+        for item in items:
+            item.shown_headers = masker.headers(item.headers)
+            item.shown_preview = _shown_preview(item, masker, bodies)
         sections.append(
             {
                 "vhost": vhost,

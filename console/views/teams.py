@@ -35,7 +35,12 @@ class MembershipForm(forms.ModelForm):
 
     class Meta:
         model = Membership
-        fields = ["team", "user", "role"]
+        fields = ["team", "user", "role", "bodies", "unmask", "export"]
+        labels = {
+            "bodies": "Reads bodies (off: metadata only)",
+            "unmask": "May unmask (break-glass, with a reason)",
+            "export": "May export",
+        }
 
 
 FORMS = {"team": TeamForm, "scope": TeamScopeForm, "member": MembershipForm}

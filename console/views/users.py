@@ -12,7 +12,21 @@ from django.views.decorators.http import require_http_methods, require_POST
 from console import login_guard
 from console.access import admin_required
 from console.forms.people import RoleForm, UserCreateForm
-from recovery.models import Activity, ApiToken, Role, role_of, set_role
+from recovery.models import (
+    Activity,
+    ApiToken,
+    Privilege,
+    Role,
+    global_privileges_of,
+    role_of,
+    set_privileges,
+    set_role,
+)
+
+
+def _privileges(user):
+    granted = global_privileges_of(user, role_of(user))
+    return {p.value: p in granted for p in Privilege}
 
 
 def _users():
@@ -23,7 +37,13 @@ def _users():
         .order_by("username")
     )
     return [
-        {"user": u, "role": role_of(u), "form": RoleForm(initial={"role": role_of(u)})}
+        {
+            "user": u,
+            "role": role_of(u),
+            "form": RoleForm(initial={"role": role_of(u)}),
+            "privileges": _privileges(u),
+            "in_teams": u.memberships.exists(),
+        }
         for u in users
     ]
 
@@ -95,6 +115,24 @@ def user_role(request, pk):
         set_role(user, role)
         _log(request, "role_changed", user, role=role, previous=previous)
     flash.success(request, f"{user.get_username()} is now {role}.")
+    return redirect("users")
+
+
+@login_required
+@admin_required
+@require_POST
+def user_privileges(request, pk):
+    """A user's global privileges (docs/security.md, "Private data"): bodies, unmask, export.
+    Admins and superusers hold all three whatever is set here."""
+    user = get_object_or_404(get_user_model(), pk=pk)
+    if _refuse_superuser(request, user):
+        return redirect("users")
+    wanted = {p.value: request.POST.get(p.value) == "on" for p in Privilege}
+    previous = _privileges(user)
+    with transaction.atomic():
+        set_privileges(user, **wanted)
+        _log(request, "privileges_changed", user, privileges=wanted, previous=previous)
+    flash.success(request, f"{user.get_username()}'s privileges saved.")
     return redirect("users")
 
 

@@ -92,7 +92,7 @@ def stats(request):
     scope = scope_of(request)
     by_kind, by_status, by_queue = count_by(filters, scope)
     oldest = (
-        apply_filters(scope.messages(Message.objects.filter(status=Status.PENDING)), filters)
+        apply_filters(scope.messages(Message.objects.filter(status=Status.PENDING)), filters, scope)
         .order_by("collected_at")
         .values_list("collected_at", flat=True)
         .first()

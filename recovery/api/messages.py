@@ -1,18 +1,19 @@
 """messages: list (filters, cursor pagination), detail, replay (target, edits), discard, restore."""
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.http import HttpResponse
+from django.http import HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import generics, serializers
-from rest_framework.decorators import api_view
-from rest_framework.exceptions import ValidationError
+from rest_framework.decorators import api_view, permission_classes
+from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.response import Response
 
 from recovery.api.errors import django_error_detail, problem_response
 from recovery.api.idempotency import idempotent
 from recovery.api.params import MessageFilterParams, StrictCharField, validated
+from recovery.api.permissions import requires
 from recovery.api.schema import IDEMPOTENCY_KEY
 from recovery.api.serializers import (
     MessageDetailSerializer,
@@ -20,9 +21,20 @@ from recovery.api.serializers import (
     ReplayAttemptSerializer,
     ReplayRequestSerializer,
 )
-from recovery.bodies import decode_message
+from recovery.bodies import decode_message, readable
 from recovery.errors import BrokerUnavailable, ReplayError, StateError
-from recovery.models import Message, ReplayAttempt, Role, attach_died_again, scope_of, team_scoped
+from recovery.export import export_lines, prepare_export
+from recovery.models import (
+    Message,
+    Privilege,
+    ReplayAttempt,
+    Role,
+    Unmask,
+    attach_died_again,
+    scope_of,
+    team_scoped,
+)
+from recovery.models.masking import log_body_view, view_of, with_unmask
 from recovery.replay import (
     discard_matching,
     discard_message,
@@ -48,7 +60,7 @@ def filtered_messages(query_params, queryset=None, scope=None):
     if scope is not None:
         queryset = scope.messages(queryset)
     data = validated(MessageFilterParams, query_params)
-    return narrow_search(apply_filters(queryset, data), data)
+    return narrow_search(apply_filters(queryset, data, scope), data)
 
 
 @extend_schema(parameters=FILTER_PARAMETERS, summary="List collected messages, newest first")
@@ -71,7 +83,16 @@ class MessageDetail(generics.RetrieveAPIView):
     team_scoped = True
 
     def get_queryset(self):
-        return scope_of(self.request).messages()
+        return with_unmask(scope_of(self.request).messages(), self.request.user)
+
+    def retrieve(self, request, *args, **kwargs):
+        message = self.get_object()
+        view = view_of(scope_of(request), request.user, message)
+        context = {**self.get_serializer_context(), "view": view}
+        data = self.get_serializer_class()(message, context=context).data
+        if view.bodies:
+            log_body_view(request.user, message.pk, "api", "api_detail", not view.masked)
+        return Response(data)
 
 
 BODY_FIELDS = (
@@ -126,14 +147,25 @@ class DecodedBodySerializer(serializers.Serializer):
 @api_view(["GET"])
 def body(request, pk):
     message = get_object_or_404(
-        scope_of(request).messages(Message.objects.only(*BODY_FIELDS)), pk=pk
+        with_unmask(scope_of(request).messages(Message.objects.only(*BODY_FIELDS)), request.user),
+        pk=pk,
     )
-    if not validated(BodyParams, request.query_params)["decoded"]:
-        response = HttpResponse(message.body_bytes, content_type="application/octet-stream")
+    params = validated(BodyParams, request.query_params)
+    view = view_of(scope_of(request), request.user, message)
+    if not view.bodies:
+        raise PermissionDenied("metadata only: the caller may not read bodies")
+    how = "api_body_decoded" if params["decoded"] else "api_body"
+    log_body_view(request.user, message.pk, "api", how, not view.masked)
+    if not params["decoded"]:
+        stored = readable(message) if view.masked else None
+        response = HttpResponse(
+            view.masker.stored(message.body_bytes, stored),
+            content_type="application/octet-stream",
+        )
         response["Content-Disposition"] = f'attachment; filename="message-{message.pk}.bin"'
         response["X-Content-Type-Options"] = "nosniff"
         return response
-    result = decode_message(message)
+    result = view.masker.decoded(decode_message(message))
     return Response(
         DecodedBodySerializer(
             {
@@ -176,7 +208,9 @@ def as_request_fields(exc):
     "and the edit is recorded). `delay_seconds` sends it through a delay queue first. "
     "200 with outcome `confirmed` means the broker acked it; `returned` means nothing was "
     "bound, and the message stays pending with the reason. 409: not replayable in its status "
-    "(replaying, discarded, held by a job); 503: RabbitMQ unreachable, nothing was sent.",
+    "(replaying, discarded, held by a job); 503: RabbitMQ unreachable, nothing was sent. "
+    "An edit of a message that masking rules change for the caller is a 403 until they "
+    "unmask it (POST messages/{id}/unmask): what they read had masks in it.",
 )
 @team_scoped
 @api_view(["POST"])
@@ -187,6 +221,12 @@ def replay(request, pk):
     body.is_valid(raise_exception=True)
     exchange, routing_key, queue = body.target()
     headers, new_body = body.edits()
+    if headers is not None or new_body is not None:
+        view = view_of(scope_of(request), request.user, message)
+        if view.masked or not view.bodies:
+            raise PermissionDenied(
+                "an edit needs the unmasked view of this message: unmask it first"
+            )
     target = {
         "exchange": exchange,
         "routing_key": routing_key,
@@ -333,3 +373,68 @@ def restore(request, pk):
     except StateError as exc:
         return problem_response(409, exc, "conflict", request)
     return Response(MessageSerializer(message).data)
+
+
+@extend_schema(
+    summary="Export the messages a filter matches, as JSON Lines (masked)",
+    parameters=FILTER_PARAMETERS,
+    description="One JSON object per line: the message's fields, headers (masked) and "
+    "`body_base64` (masked; null with `body_withheld` for a caller who sees metadata only). "
+    "Needs the export privilege; logged (an `export` activity row and a `body_view` row per "
+    "body). More than EXPORT_MAX_MESSAGES matches is a 400: narrow the filter.",
+    responses={(200, "application/x-ndjson"): OpenApiResponse(OpenApiTypes.STR, "JSON Lines.")},
+)
+@team_scoped
+@api_view(["GET"])
+def export(request):
+    data = validated(MessageFilterParams, request.query_params)
+    try:
+        ids, readable = prepare_export(scope_of(request), request.user, data, "api")
+    except DjangoValidationError as exc:
+        return problem_response(400, " ".join(exc.messages), "too_many", request)
+    response = StreamingHttpResponse(
+        export_lines(ids, readable), content_type="application/x-ndjson"
+    )
+    response["Content-Disposition"] = 'attachment; filename="lazarus-export.jsonl"'
+    return response
+
+
+class UnmaskRequestSerializer(serializers.Serializer):
+    reason = StrictCharField(
+        max_length=500, help_text="Why the unmasked content is needed (kept in the activity)."
+    )
+
+
+class UnmaskSerializer(serializers.Serializer):
+    message = serializers.IntegerField()
+    reason = serializers.CharField()
+    expires_at = serializers.DateTimeField(
+        help_text="Until then GET messages/{id} and its body answer this caller unmasked."
+    )
+
+
+@extend_schema(
+    summary="Break-glass: read one message unmasked for a while, with a reason",
+    request=UnmaskRequestSerializer,
+    responses={200: UnmaskSerializer},
+    description="Needs the unmask privilege. For UNMASK_SECONDS the message and its body "
+    "answer this caller without masking; logged (an `unmask` activity row: who, which, why).",
+)
+@team_scoped
+@api_view(["POST"])
+@permission_classes([requires(Role.VIEWER)])  # a privilege, not a role, decides
+def unmask(request, pk):
+    message = get_object_or_404(scope_of(request).messages(), pk=pk)
+    if not scope_of(request).may(Privilege.UNMASK, message):
+        raise PermissionDenied("unmasking needs the unmask privilege")
+    body = UnmaskRequestSerializer(data=request.data)
+    body.is_valid(raise_exception=True)
+    try:
+        granted = Unmask.grant(request.user, message, body.validated_data["reason"], via="api")
+    except DjangoValidationError as exc:
+        raise as_request_fields(exc) from None
+    return Response(
+        UnmaskSerializer(
+            {"message": message.pk, "reason": granted.reason, "expires_at": granted.expires_at}
+        ).data
+    )

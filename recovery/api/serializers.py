@@ -5,6 +5,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from recovery.api.params import StrictCharField, StrictIntegerChoiceField
+from recovery.bodies import readable
 from recovery.broker.codec import json_headers_problem
 from recovery.models import DIED_AGAIN, Message, ReplayAttempt, Status
 from recovery.replay.options import QUEUE_OR_EXCHANGE, names_queue_and_exchange
@@ -70,13 +71,22 @@ class MessageSerializer(serializers.ModelSerializer):
 
 class MessageDetailSerializer(MessageSerializer):
     properties = serializers.JSONField(read_only=True)
-    headers = serializers.JSONField(
-        read_only=True,
-        help_text="AMQP headers. Values JSON cannot carry are tagged: "
-        '{"$t": "decimal|timestamp|bytes|float|table", "v": ...}.',
+    headers = serializers.SerializerMethodField(
+        help_text="AMQP headers (masked: the masking rules' headers read [masked]). Values "
+        'JSON cannot carry are tagged: {"$t": "decimal|timestamp|bytes|float|table", "v": ...}.',
+    )
+    masked = serializers.SerializerMethodField(
+        help_text="Whether masking rules changed what headers and body show here (the stored "
+        "bytes are unchanged; a replay sends them)."
+    )
+    body_withheld = serializers.SerializerMethodField(
+        help_text="Why the body fields are null: the caller sees metadata only; else null."
     )
     body_base64 = serializers.SerializerMethodField()
     body_text = serializers.SerializerMethodField()
+    group_label = serializers.SerializerMethodField(
+        help_text="queue · reason · exception (masked as the headers it was made from)."
+    )
     transient = serializers.BooleanField(
         source="is_transient",
         read_only=True,
@@ -89,6 +99,8 @@ class MessageDetailSerializer(MessageSerializer):
             *MessageSerializer.Meta.fields,
             "properties",
             "headers",
+            "masked",
+            "body_withheld",
             "body_base64",
             "body_text",
             "group_label",
@@ -110,14 +122,43 @@ class MessageDetailSerializer(MessageSerializer):
         found = obj.app_retry_count
         return {"header": found[0], "count": found[1]} if found else None
 
+    # The caller's recovery.masking.View of the message (set by the view: masking and whether
+    # bodies are shown at all); a KeyError without it rather than an unmasked answer.
+    def _view(self):
+        return self.context["view"]
+
+    @extend_schema_field(serializers.JSONField())
+    def get_headers(self, obj):
+        return self._view().masker.headers(obj.headers)
+
     @extend_schema_field(serializers.CharField())
+    def get_group_label(self, obj):
+        return self._view().masker.label(obj.group_label, obj.headers)
+
+    @extend_schema_field(serializers.BooleanField())
+    def get_masked(self, obj):
+        return self._view().masked
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_body_withheld(self, obj):
+        return None if self._view().bodies else "metadata only: the caller may not read bodies"
+
+    def _body(self, obj):
+        view = self._view()
+        if not view.bodies:
+            return None
+        return view.masker.stored(obj.body_bytes, readable(obj) if view.masked else None)
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
     def get_body_base64(self, obj):
-        return base64.b64encode(obj.body_bytes).decode("ascii")
+        body = self._body(obj)
+        return None if body is None else base64.b64encode(body).decode("ascii")
 
     @extend_schema_field(serializers.CharField(allow_null=True))
     def get_body_text(self, obj):
+        body = self._body(obj)
         try:
-            return obj.body_bytes.decode("utf-8")
+            return None if body is None else body.decode("utf-8")
         except UnicodeDecodeError:
             return None
 

@@ -64,7 +64,12 @@ class MembershipSerializer(StrictModelSerializer):
 
     class Meta:
         model = Membership
-        fields = ["id", "team", "user", "role"]
+        fields = ["id", "team", "user", "role", "bodies", "unmask", "export"]
+        extra_kwargs = {
+            "bodies": {"help_text": "Reads bodies in this team (false: metadata only)."},
+            "unmask": {"help_text": "May unmask this team's messages (break-glass, a reason)."},
+            "export": {"help_text": "May export this team's messages (JSON Lines, masked)."},
+        }
 
 
 class TeamSerializer(StrictModelSerializer):

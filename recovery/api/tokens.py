@@ -15,7 +15,17 @@ from rest_framework.response import Response
 from recovery.api.pagination import StrictCursorPagination
 from recovery.api.params import StrictBooleanField, validated
 from recovery.api.permissions import requires
-from recovery.models import Activity, ApiToken, Role, Scope, Team, role_of, scope_of, team_scoped
+from recovery.models import (
+    Activity,
+    ApiToken,
+    Privilege,
+    Role,
+    Scope,
+    Team,
+    role_of,
+    scope_of,
+    team_scoped,
+)
 
 
 class TokenSerializer(serializers.ModelSerializer):
@@ -121,6 +131,11 @@ class MeSerializer(serializers.Serializer):
         allow_null=True,
         help_text="The teams whose scope this caller sees; null: every message (a global role).",
     )
+    privileges = serializers.ListField(
+        child=serializers.ChoiceField(choices=Privilege.choices),
+        help_text="bodies (else metadata only), unmask, export: held globally or in at least "
+        "one of the teams (docs/security.md, 'Private data').",
+    )
     now = serializers.DateTimeField(help_text="Server time (UTC).")
 
 
@@ -141,6 +156,7 @@ def me(request):
                 "teams": None
                 if teams is None
                 else list(Team.objects.filter(pk__in=teams).values_list("name", flat=True)),
+                "privileges": [p.value for p in Privilege if scope.may(p)],
                 "now": timezone.now(),
             }
         ).data

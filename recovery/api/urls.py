@@ -16,10 +16,12 @@ from recovery.api import (
 
 urlpatterns = [
     path("messages", messages.MessageList.as_view(), name="api-messages"),
+    path("messages/export", messages.export, name="api-messages-export"),
     path("messages/discard", messages.discard_by_filter, name="api-messages-discard"),
     path("messages/restore", messages.restore_by_filter, name="api-messages-restore"),
     path("messages/<int:pk>", messages.MessageDetail.as_view(), name="api-message"),
     path("messages/<int:pk>/body", messages.body, name="api-message-body"),
+    path("messages/<int:pk>/unmask", messages.unmask, name="api-message-unmask"),
     path("messages/<int:pk>/replay", messages.replay, name="api-message-replay"),
     path("messages/<int:pk>/discard", messages.discard, name="api-message-discard"),
     path("messages/<int:pk>/restore", messages.restore, name="api-message-restore"),

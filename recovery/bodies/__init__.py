@@ -42,10 +42,10 @@ def decode_with(
     )
 
 
-def readable(message, rules=None, limit=None):
+def readable(message, rules=None, limit=None, body=None):
     """The decoded form for the console: ``decode_message``'s answer when the message's
     properties or a decoder rule name a chain, else None (the raw views say it all). Reads the
-    rules once."""
+    rules once. ``body``: other bytes read as this message's are (an edited copy of it)."""
     from recovery.models import DecoderRule
 
     rule = DecoderRule.first_match(
@@ -53,13 +53,13 @@ def readable(message, rules=None, limit=None):
     )
     if rule is None and not needs_decoding(message.content_type, message.content_encoding):
         return None
-    return _decode_with_rule(rule, message, limit)
+    return _decode_with_rule(rule, message, limit, body=body)
 
 
-def _decode_with_rule(rule, message, limit=None, partial=False):
+def _decode_with_rule(rule, message, limit=None, partial=False, body=None):
     return decode_with(
         rule,
-        message.body_bytes,
+        message.body_bytes if body is None else bytes(body),
         message.content_type,
         message.content_encoding,
         (message.properties or {}).get("type") or "",

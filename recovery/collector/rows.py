@@ -185,10 +185,14 @@ _NUMBERS = re.compile(r"\d+")
 
 
 @functools.lru_cache(maxsize=4096)
+def label_message(exc_message):
+    """An exception message as a group label holds it: the first line, cut, numbers as ``#``
+    (ids and counts inside it would make every message its own group)."""
+    return _NUMBERS.sub("#", exc_message.splitlines()[0] if exc_message else "")[:200]
+
+
 def _group(where, reason, exc_type, exc_message):
-    # Ids and counts inside an exception message or a routing key would make every message its
-    # own group.
-    exc_message = _NUMBERS.sub("#", exc_message.splitlines()[0] if exc_message else "")[:200]
+    exc_message = label_message(exc_message)
     label = " · ".join(part for part in (where, reason, exc_type[:200], exc_message) if part)
     return hashlib.sha1(label.encode()).hexdigest(), label
 

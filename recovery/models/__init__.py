@@ -12,6 +12,7 @@
 - broker: the broker's own tally of dead-lettered and dropped messages against the store
 - retention: what leaves the store after RETENTION_DAYS, store-wide
 - decoders: admins' rules for reading bodies (protobuf, Avro, MessagePack) per queue
+- masking: masking rules for private data, and break-glass unmasks
 - tasks: the store's Celery beat tasks (retention, folding the counts)
 """
 
@@ -21,9 +22,12 @@ from recovery.models.access import (
     ApiRateWindow,
     ApiToken,
     IdempotencyKey,
+    Privilege,
     Role,
+    global_privileges_of,
     global_role_of,
     hash_token,
+    set_privileges,
     set_role,
 )
 from recovery.models.alerts import AlertRule, AlertTransition, Notification, NotificationChannel
@@ -51,6 +55,7 @@ from recovery.models.counts import (
 )
 from recovery.models.decoders import DecoderRule
 from recovery.models.history import HistoryAction, MessageHistory
+from recovery.models.masking import MaskRule, Unmask
 from recovery.models.replay import (
     MessageEdit,
     ReplayAttempt,
@@ -95,6 +100,11 @@ __all__ = [
     "collected_since",
     "BrokerTally",
     "DecoderRule",
+    "MaskRule",
+    "Unmask",
+    "Privilege",
+    "global_privileges_of",
+    "set_privileges",
     "COUNT_KEY_SQL",
     "DIED_AGAIN",
     "DISCARDABLE",

@@ -32,6 +32,45 @@ def global_role_of(user):
     return None
 
 
+class Privilege(models.TextChoices):
+    """What a role alone does not say (docs/security.md, "Private data"): reading bodies (a
+    "metadata only" viewer has not), break-glass unmasking, exporting. Per team on each
+    Membership; for users in no team, auth groups: ``metadata-only`` takes bodies away,
+    ``unmask`` and ``export`` give those. Admins have all three."""
+
+    BODIES = "bodies"
+    UNMASK = "unmask"
+    EXPORT = "export"
+
+
+METADATA_ONLY_GROUP = "metadata-only"
+ALL_PRIVILEGES = frozenset(Privilege)
+
+
+def global_privileges_of(user, role=None):
+    """The privileges of a user in no team (or an admin): from their auth groups."""
+    if role == Role.ADMIN or (user is not None and user.is_superuser):
+        return ALL_PRIVILEGES
+    if not user or not user.is_authenticated:
+        return frozenset()
+    names = set(user.groups.values_list("name", flat=True))
+    granted = {p for p in (Privilege.UNMASK, Privilege.EXPORT) if p.value in names}
+    if METADATA_ONLY_GROUP not in names:
+        granted.add(Privilege.BODIES)
+    return frozenset(granted)
+
+
+def set_privileges(user, bodies=True, unmask=False, export=False):
+    """A user's global privileges (auth groups; see Privilege)."""
+    wanted = {METADATA_ONLY_GROUP: not bodies, "unmask": unmask, "export": export}
+    for name, on in wanted.items():
+        group = Group.objects.get_or_create(name=name)[0]
+        if on:
+            user.groups.add(group)
+        else:
+            user.groups.remove(group)
+
+
 def set_role(user, role):
     role = Role(role)
     groups = [Group.objects.get_or_create(name=r.value)[0] for r in ROLE_ORDER]

@@ -312,9 +312,12 @@ def hourly_sums(start, end, scope_q=None):
     )
 
 
-def group_details(keys, where=("true", ())):
+def group_details(keys, where=("true", ()), privacy=None):
     """Label, kind, source and exact first/last collection time per group (index probes);
-    ``where``: (SQL, params) over recovery_message, a caller's scope (``Scope.where_sql``)."""
+    ``where``: (SQL, params) over recovery_message, a caller's scope (``Scope.where_sql``);
+    ``privacy``: ``(vhost, queue, exchange) -> (masker, may read bodies)`` for the caller
+    (recovery.masking): the exception header and the sample line are shown as they may see
+    them. None: unmasked (the system's own use)."""
     if not keys:
         return {}
     where_sql, where_params = where
@@ -326,11 +329,11 @@ def group_details(keys, where=("true", ())):
                    (SELECT recovery_message.collected_at FROM recovery_message
                     WHERE recovery_message.group_key = g.key AND ({where_sql})
                     ORDER BY recovery_message.collected_at, recovery_message.id LIMIT 1),
-                   newest.headers, newest.sample
+                   newest.headers, newest.sample, newest.vhost
             FROM unnest(%s::text[]) AS g(key)
             CROSS JOIN LATERAL (
                 SELECT group_label, kind, reason, source_queue, source_exchange, collected_at,
-                       headers, substring(body from 1 for %s) AS sample
+                       headers, substring(body from 1 for %s) AS sample, vhost
                 FROM recovery_message WHERE recovery_message.group_key = g.key AND ({where_sql})
                 ORDER BY recovery_message.collected_at DESC, recovery_message.id DESC LIMIT 1
             ) AS newest
@@ -344,14 +347,29 @@ def group_details(keys, where=("true", ())):
             # A raw cursor gives jsonb as its text (Django decodes it in the field, not here).
             headers = json.loads(row[8]) if isinstance(row[8], str) else row[8] or {}
             sample = bytes(row[9] or b"")
+            masker, bodies = privacy(row[10], row[4], row[5]) if privacy else (None, True)
+            if masker is not None:
+                detail["label"] = masker.label(detail["label"], headers)
+                headers = masker.headers(headers)
             detail["exception"] = exception_type(header_codec.headers_from_json(headers))
-            detail["sample"] = sample_line(sample)
+            detail["sample"] = shown_sample(sample, masker, bodies)
             details[row[0]] = detail
         return details
 
 
 # How much of a group's newest body its sample line is read from.
 SAMPLE_BYTES = 400
+
+
+def shown_sample(sample, masker, bodies):
+    if not bodies:
+        return "(metadata only: no body)"
+    if masker:
+        if masker.paths and len(sample) >= SAMPLE_BYTES:
+            # A cut JSON document does not parse: its paths could not be masked.
+            return "(masked: open a message to see its body)"
+        sample = masker.body(sample)
+    return sample_line(sample)
 
 
 def sample_line(body):

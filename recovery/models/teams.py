@@ -18,7 +18,16 @@ from django.core.exceptions import FullResultSet, ValidationError
 from django.db import connection, models
 from django.db.models import Q
 
-from recovery.models.access import ACTING_TEAM, ROLE_ORDER, ApiToken, Role, global_role_of
+from recovery.models.access import (
+    ACTING_TEAM,
+    ALL_PRIVILEGES,
+    ROLE_ORDER,
+    ApiToken,
+    Privilege,
+    Role,
+    global_privileges_of,
+    global_role_of,
+)
 from recovery.models.store import Message
 
 PATTERN_MAX_LENGTH = 255
@@ -126,6 +135,11 @@ class Membership(models.Model):
     )
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=8, choices=TeamRole.choices, default=TeamRole.VIEWER)
+    # Privileges in this team (recovery.models.access.Privilege): reading bodies (off: "metadata
+    # only"), break-glass unmasking, exporting.
+    bodies = models.BooleanField(default=True)
+    unmask = models.BooleanField(default=False)
+    export = models.BooleanField(default=False)
 
     class Meta:
         constraints = [
@@ -143,6 +157,9 @@ class Membership(models.Model):
             *Group.objects.filter(name__in=[Role.VIEWER.value, Role.OPERATOR.value])
         )
         super().save(*args, **kwargs)
+
+    def privileges(self):
+        return frozenset(p for p in Privilege if getattr(self, p.value))
 
 
 def role_of(user):
@@ -177,11 +194,16 @@ class Scope:
     caller gets ``Q()`` (no filter), a team caller an OR of their teams' scopes, and a caller
     with no team left nothing (``NOTHING``)."""
 
-    def __init__(self, role, teams=None, scopes=None, acting_team=None):
+    def __init__(self, role, teams=None, scopes=None, acting_team=None, privileges=None):
         self.role = role
         self.teams = teams
         self.scopes = scopes or {}
         self.acting_team = acting_team
+        # Global: a frozenset of Privilege; team: {team id: frozenset}. None: from the role
+        # (admins all, others bodies only).
+        if privileges is None and teams is None:
+            privileges = ALL_PRIVILEGES if role == Role.ADMIN else frozenset({Privilege.BODIES})
+        self.privileges = privileges if privileges is not None else {}
 
     @classmethod
     def of(cls, user, team_id=None):
@@ -195,15 +217,17 @@ class Scope:
         memberships = Membership.objects.filter(user=user).select_related("team")
         if team_id is not None:
             memberships = memberships.filter(team_id=team_id)
+        memberships = list(memberships)
         teams = {m.team_id: Role(m.role) for m in memberships}
         if team_id is None and not teams:
-            return cls(role)
+            return cls(role, privileges=global_privileges_of(user, role))
         acting = Team.objects.filter(pk=team_id).first() if team_id is not None else None
         scopes = {}
         for scope in TeamScope.objects.filter(team_id__in=teams):
             scopes.setdefault(scope.team_id, []).append(scope)
         best = max(teams.values(), key=ROLE_ORDER.index, default=None)
-        return cls(best, teams=teams, scopes=scopes, acting_team=acting)
+        privileges = {m.team_id: m.privileges() for m in memberships}
+        return cls(best, teams=teams, scopes=scopes, acting_team=acting, privileges=privileges)
 
     @property
     def is_global(self):
@@ -264,6 +288,33 @@ class Scope:
             for scope in self.scopes.get(team, []):
                 if scope.queue_pattern:
                     combined |= Q(vhost=scope.vhost) & _name_q("queue", scope.queue_pattern)
+        return combined
+
+    def _privileged_teams(self, privilege):
+        return [team for team in self.team_ids() if privilege in self.privileges.get(team, ())]
+
+    def may(self, privilege, message=None):
+        """Whether the caller holds ``privilege`` (recovery.models.access.Privilege): for
+        ``message``, through a team whose scope holds it; without, anywhere."""
+        if self.teams is None:
+            return self.has_role(Role.VIEWER) and privilege in self.privileges
+        teams = self._privileged_teams(privilege)
+        if message is None:
+            return bool(teams)
+        return any(
+            scope.matches(message.vhost, message.source_queue, message.source_exchange)
+            for team in teams
+            for scope in self.scopes.get(team, [])
+        )
+
+    def privilege_q(self, privilege):
+        """The messages over which the caller holds ``privilege`` (a Q, as ``q()``)."""
+        if self.teams is None:
+            return Q() if self.may(privilege) else NOTHING
+        combined = NOTHING
+        for team in self._privileged_teams(privilege):
+            for scope in self.scopes.get(team, []):
+                combined |= scope.q()
         return combined
 
     def where_sql(self, minimum=Role.VIEWER):

@@ -113,7 +113,7 @@ def _by_filter(
     """
     if not names_a_filter(filters):
         raise ValidationError({"filters": "name at least one filter: this changes every match"})
-    matching = apply_filters(Message.objects.filter(status__in=statuses), filters)
+    matching = apply_filters(Message.objects.filter(status__in=statuses), filters, scope)
     if scope is not None:  # a team caller: only what they operate on
         matching = matching.filter(scope.q(Role.OPERATOR))
     deadline = time.monotonic() + (BY_FILTER_BUDGET_S if budget_s is None else budget_s)

@@ -123,7 +123,7 @@ def create_job(user, *, include_poisoned=False, scope=None, **arguments):
         raise PermissionDenied("replay jobs need the operator role")
     team_id = scope.job_team()
     target, selection, options = clean_job(include_poisoned=include_poisoned, **arguments)
-    if not selection.queryset().filter(scope.q(Role.OPERATOR)).exists():
+    if not selection.queryset(scope).filter(scope.q(Role.OPERATOR)).exists():
         raise ValidationError(
             {
                 NON_FIELD_ERRORS: "no replayable message matches ("
@@ -163,7 +163,7 @@ def dry_run(scope=None, **arguments):
     arguments.pop("user", None)
     target, selection, _options = clean_job(**arguments)
     groups = (
-        selection.queryset()
+        selection.queryset(scope)
         .filter(scope.q() if scope is not None else Q())
         .values("vhost", "kind", "source_queue", "source_exchange", "routing_keys")
         .annotate(n=Count("id"))

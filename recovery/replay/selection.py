@@ -96,12 +96,13 @@ class Selection:
     group_key: str
     statuses: list
 
-    def queryset(self):
-        return selection_queryset(self.data, self.ids, self.group_key, self.statuses)
+    def queryset(self, scope=None):
+        """``scope``: the caller's (a search reads only the contents they may read)."""
+        return selection_queryset(self.data, self.ids, self.group_key, self.statuses, scope=scope)
 
 
-def selection_queryset(data, ids, group_key, statuses, until=None):
-    queryset = apply_filters(Message.objects.all(), data) if data else Message.objects.all()
+def selection_queryset(data, ids, group_key, statuses, until=None, scope=None):
+    queryset = apply_filters(Message.objects.all(), data, scope) if data else Message.objects.all()
     if ids:
         queryset = queryset.filter(pk__in=ids)
     if group_key:
@@ -118,8 +119,17 @@ def job_queryset(job):
     — the job would otherwise send again what was sent meanwhile."""
     form = clean_filters(job.filters or None)
     data = form.cleaned_data if form else {}
+    # A search reads the contents its creator may read (a "metadata only" operator's job
+    # finds by ids only, as their preview did).
+    creator = job.created_by
+    searcher = Scope.of(creator, job.team_id) if creator is not None and creator.is_active else None
     return selection_queryset(
-        data, job.message_ids or None, job.group_key, job.allowed_statuses, until=job.created_at
+        data,
+        job.message_ids or None,
+        job.group_key,
+        job.allowed_statuses,
+        until=job.created_at,
+        scope=searcher,
     ).exclude(last_replayed_at__gt=job.created_at)
 
 

@@ -8,7 +8,8 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.db.models.expressions import RawSQL
 
-from recovery.models import Kind, Message, Reason, Status
+from recovery.models import Kind, Message, Privilege, Reason, Status
+from recovery.models.teams import NOTHING
 from recovery.search import index as search_index
 
 
@@ -52,9 +53,9 @@ class MessageFilterForm(forms.Form):
                 data[key] = data[key].isoformat()
         return data
 
-    def apply(self, queryset=None):
+    def apply(self, queryset=None, scope=None):
         queryset = Message.objects.all() if queryset is None else queryset
-        return apply_filters(queryset, self.cleaned_data)
+        return apply_filters(queryset, self.cleaned_data, scope)
 
 
 # The equality filters and the message column each one matches (the counts rollup has the same
@@ -70,7 +71,11 @@ FILTER_COLUMNS = {
 }
 
 
-def apply_filters(queryset, data):
+def apply_filters(queryset, data, scope=None):
+    """``data``'s filters over ``queryset``. ``scope`` (the caller's Scope; None: the system,
+    which searches everything): the free-text search reads the headers and bodies of the
+    messages whose bodies the caller may read only, so a "metadata only" caller cannot find a
+    message by its content (recovery.models.Privilege.BODIES)."""
     lookups = {**FILTER_COLUMNS, "since": "collected_at__gte", "until": "collected_at__lt"}
     for field, lookup in lookups.items():
         value = data.get(field)
@@ -78,7 +83,8 @@ def apply_filters(queryset, data):
             queryset = queryset.filter(**{lookup: value})
     q = (data.get("q") or "").strip()
     if q:
-        queryset = queryset.filter(search_q(q))
+        readable = Q() if scope is None else scope.privilege_q(Privilege.BODIES)
+        queryset = queryset.filter(search_q(q, readable))
     return queryset
 
 
@@ -115,7 +121,7 @@ EXACT = ("message_id", "correlation_id", "group_key")
 INDEXED_TAIL = 12
 
 
-def search_q(text):
+def search_q(text, readable=None):
     """Exact ids and group key (b-tree indexed), and a substring of ids, header values or body.
 
     The substring part is case-insensitive and needs at least MIN_SUBSTRING_LENGTH characters. It
@@ -123,10 +129,22 @@ def search_q(text):
     the indexer has not reached yet, their document computed on the fly. Everything is one
     ``id IN (... UNION ALL ...)`` so PostgreSQL plans it as a semi-join over index scans: an OR
     of an IN-subquery and other conditions could only be checked row by row over the store.
+
+    ``readable``: a Q of the messages whose content (headers, body) may be searched; the
+    others match by their exact ids and group key only (metadata). None: every message.
     """
     exact = Q(message_id=text) | Q(correlation_id=text) | Q(group_key=text)
     if len(text) < MIN_SUBSTRING_LENGTH:
         return exact
+    if readable == NOTHING:
+        return exact
+    content = _content_q(text)
+    if readable is None or readable == Q():
+        return content
+    return exact | (readable & content)
+
+
+def _content_q(text):
     # Headers hold non-ASCII text as such, bodies as octal escapes: try both spellings.
     spellings = sorted({text, bytea_escape(text)})
     indexed_sql, indexed_params = _contains_any("document", spellings)

@@ -70,7 +70,7 @@ def count_by(filters, scope=None):
         messages = Message.objects.order_by()
         if scope is not None:
             messages = scope.messages(messages)
-        rows, aggregate, column = apply_filters(messages, filters), Count, "id"
+        rows, aggregate, column = apply_filters(messages, filters, scope), Count, "id"
     total = aggregate(column)
     pending = Coalesce(aggregate(column, filter=Q(status=Status.PENDING)), 0)
     queue = "source_queue"
@@ -158,7 +158,7 @@ def rollup_groups(filters, scope=None):
     )
     by_hour_sql, by_hour_params = by_hour.query.sql_with_params()
     messages = Message.objects.all() if scope is None else scope.messages()
-    matching = apply_filters(messages, filters).query
+    matching = apply_filters(messages, filters, scope).query
     try:
         where_sql, where_params = matching.get_compiler(connection=connection).compile(
             matching.where
@@ -228,7 +228,7 @@ def kept_groups(filters, edge=None, reverse=False, limit=None, scope=None):
             totals = totals.filter(**{column: filters[name]})
     where_totals, totals_params = _where(totals)
     messages = Message.objects.all() if scope is None else scope.messages()
-    where, where_params = _where(apply_filters(messages, filters))
+    where, where_params = _where(apply_filters(messages, filters, scope))
     after, after_params = "true", []
     if edge is not None:
         newer = ">" if reverse else "<"
@@ -275,7 +275,9 @@ def message_groups(filters, scope=None):
     # The key hashes queue, reason and exception, so MAX() of each is the group's value.
     return list(
         narrow_search(
-            apply_filters(Message.objects.all() if scope is None else scope.messages(), filters),
+            apply_filters(
+                Message.objects.all() if scope is None else scope.messages(), filters, scope
+            ),
             filters,
         )
         .order_by()

@@ -1,0 +1,126 @@
+"""Export: the messages a filter matches, as JSON Lines with base64 bodies, masked as the
+exporting caller sees them (docs/security.md, "Private data").
+
+Exporting is a privilege of its own (recovery.models.Privilege.EXPORT). Every export is logged:
+one ``export`` activity row (the filter, how many) and a ``body_view`` row per message whose
+body it carries, before the first line is sent.
+"""
+
+import base64
+import json
+
+from django.conf import settings
+from django.core.exceptions import PermissionDenied, ValidationError
+
+from recovery import bodies
+from recovery.models import Activity, DecoderRule, Message, Privilege
+from recovery.models.masking import MaskingRules
+from recovery.search.filters import apply_filters
+
+# Messages read from the store per query while streaming.
+CHUNK = 200
+FIELDS = (
+    "id",
+    "kind",
+    "vhost",
+    "source_queue",
+    "source_exchange",
+    "routing_keys",
+    "reason",
+    "status",
+    "message_id",
+    "correlation_id",
+    "content_type",
+    "content_encoding",
+    "collected_at",
+    "properties",
+    "headers",
+    "body",
+)
+
+
+def prepare_export(scope, user, filters, via):
+    """The ids to export (newest first), logged; PermissionDenied without the export
+    privilege, ValidationError past EXPORT_MAX_MESSAGES (the message says how many matched)."""
+    if not scope.may(Privilege.EXPORT):
+        raise PermissionDenied("exporting needs the export privilege")
+    limit = settings.EXPORT_MAX_MESSAGES
+    matching = scope.messages(apply_filters(Message.objects.all(), filters, scope))
+    matching = matching.filter(scope.privilege_q(Privilege.EXPORT))
+    rows = list(
+        matching.order_by("-collected_at", "-id").values_list(
+            "id", "vhost", "source_queue", "source_exchange"
+        )[: limit + 1]
+    )
+    if len(rows) > limit:
+        raise ValidationError(
+            f"more than {limit} messages match (EXPORT_MAX_MESSAGES): narrow the filter"
+        )
+    readable = [pk for pk, *where in rows if scope.may(Privilege.BODIES, _Where(*where))]
+    Activity.objects.create(
+        user=user,
+        action="export",
+        via=via,
+        detail={"filters": _jsonable(filters), "messages": len(rows), "bodies": len(readable)},
+    )
+    Activity.objects.bulk_create(
+        Activity(
+            user=user,
+            action="body_view",
+            message_id=pk,
+            via=via,
+            detail={"message": pk, "how": "export", "unmasked": False},
+        )
+        for pk in readable
+    )
+    return [pk for pk, *_ in rows], set(readable)
+
+
+class _Where:
+    def __init__(self, vhost, source_queue, source_exchange):
+        self.vhost, self.source_queue, self.source_exchange = vhost, source_queue, source_exchange
+
+
+def _jsonable(filters):
+    return {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in filters.items() if v}
+
+
+def export_lines(ids, readable):
+    """One JSON line per message, in ``ids`` order: bodies (of ``readable`` ids) and headers
+    masked; break-glass unmasks do not apply to exports."""
+    rules = MaskingRules.load()
+    decoders = list(DecoderRule.objects.all())
+    for start in range(0, len(ids), CHUNK):
+        chunk = ids[start : start + CHUNK]
+        messages = Message.objects.only(*FIELDS).in_bulk(chunk)
+        for pk in chunk:
+            message = messages.get(pk)
+            if message is None:  # deleted (retention) since the export began
+                continue
+            masker = rules.masker_for(message)
+            stored = bodies.readable(message, decoders) if masker and pk in readable else None
+            yield json.dumps(_line(message, masker, pk in readable, stored)) + "\n"
+
+
+def _line(message, masker, with_body, stored):
+    body = masker.stored(message.body_bytes, stored) if with_body else None
+    return {
+        "id": message.pk,
+        "kind": message.kind,
+        "vhost": message.vhost,
+        "source_queue": message.source_queue,
+        "source_exchange": message.source_exchange,
+        "routing_keys": message.routing_keys,
+        "reason": message.reason,
+        "status": message.status,
+        "message_id": message.message_id,
+        "correlation_id": message.correlation_id,
+        "collected_at": message.collected_at.isoformat(),
+        "content_type": message.content_type,
+        "content_encoding": message.content_encoding,
+        "properties": message.properties,
+        "headers": masker.headers(message.headers),
+        "masked": bool(masker),
+        "body_base64": None if body is None else base64.b64encode(body).decode("ascii"),
+        "body_withheld": None if with_body else "metadata only",
+    }
