@@ -68,6 +68,10 @@ def test_a_group_that_is_not_there_or_not_yours_is_a_404(client, viewer):
     assert client.get("/groups/nope/").status_code == 404
     client.force_login(outsider)
     assert client.get("/groups/g-pay/").status_code == 404
+    theirs = Message.objects.get(group_key="g-pay")
+    mine = make_message(source_queue="orders", group_key="g-mine")
+    assert client.get("/messages/compare", {"a": mine.pk, "b": theirs.pk}).status_code == 404
+    assert client.get("/messages/compare", {"a": mine.pk, "b": mine.pk}).status_code == 200
 
 
 def test_previous_and_next_follow_the_list_it_came_from_filter_included(client, viewer):

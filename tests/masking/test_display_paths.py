@@ -204,3 +204,21 @@ def test_encoded_bodies_are_masked_in_every_raw_form(
         assert CARD not in shown and TOKEN not in shown
     # the hex view holds no secret either
     assert CARD.encode().hex(" ")[:20] not in page
+
+
+def test_a_groups_page_and_compare_are_masked(client, viewer, secret_message):
+    other = make_message(
+        body=json.dumps({"card": {"number": "4000000000000002"}, "note": "x"}).encode(),
+        group_key=secret_message.group_key,
+    )
+    client.force_login(viewer)
+    group = client.get(f"/groups/{secret_message.group_key}/").content.decode()
+    assert_no_secret(group)
+    compared = client.get("/messages/compare", {"a": secret_message.pk, "b": other.pk})
+    assert compared.status_code == 200
+    assert_no_secret(compared.content.decode())
+    assert "[masked]" in compared.content.decode()
+    views = Activity.objects.filter(action="body_view", detail__how="compare")
+    assert sorted(views.values_list("message_id", flat=True)) == sorted(
+        [secret_message.pk, other.pk]
+    )

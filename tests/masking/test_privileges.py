@@ -197,3 +197,24 @@ def test_an_admin_sets_global_privileges_on_the_users_page(client, admin_user, r
 def test_me_says_which_privileges_a_caller_holds(api, metadata_only):
     set_privileges(metadata_only, bodies=False, export=True)
     assert api.as_user(metadata_only).get("/api/v1/me").json()["privileges"] == ["export"]
+
+
+def test_metadata_only_gets_no_body_on_a_groups_page_or_in_compare(client, metadata_only, stored):
+    secret, plain = stored
+    client.force_login(metadata_only)
+    group = client.get(f"/groups/{secret.group_key}/").content.decode()
+    assert SECRET not in group and "(metadata only: no body)" in group
+    compared = client.get("/messages/compare", {"a": secret.pk, "b": plain.pk}).content.decode()
+    body = compared[compared.index("<h2>Body</h2>") :]  # headers are metadata (no rule here)
+    assert SECRET not in body and 'id="body-withheld"' in body
+    assert 'id="body-same"' not in compared
+    assert not Activity.objects.filter(action="body_view").exists()
+
+
+def test_previous_and_next_are_no_search_oracle_for_metadata_only(client, metadata_only, stored):
+    secret, plain = stored
+    client.force_login(metadata_only)
+    page = client.get(f"/messages/{plain.pk}/", {"back": f"q={SECRET}"}).content.decode()
+    # The secret message is newer than nothing and older than nothing in a list that finds
+    # nothing by a body the caller may not read: no link to it.
+    assert f"/messages/{secret.pk}/" not in page

@@ -62,6 +62,7 @@ PARAMETERS = {
     "id": [*A_IDS, SHARED_RUN],
     "path": ["v0/messages"],
     "what": ["team", "scope", "member"],
+    "key": [A_GROUP],  # a failure group's page
     # Django admin's own routes (staff only; team members are not staff).
     "app_label": ["recovery"],
     "object_id": [str(A_BASE + 1)],
