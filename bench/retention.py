@@ -211,6 +211,7 @@ def main():
         help="the message table's autovacuum settings: docs/big-store.md's, or PostgreSQL's",
     )
     args = parser.parse_args()
+    drain_bench.ensure_database()  # migrated to this code
     pg = psycopg.connect(BENCH_DB, autocommit=True)
     stored = pg.execute("SELECT count(*) FROM recovery_message").fetchone()[0]
     if stored < 100_000:
