@@ -4,7 +4,7 @@ from django.conf import settings
 from django.db.models import BinaryField, Q
 from django.db.models.expressions import RawSQL
 
-from recovery.bodies import readable
+from recovery.bodies import DECODE_FIELDS, readable
 from recovery.masking import compile_rule, masker_of
 from recovery.models import Message, TeamScope
 from recovery.models.teams import NOTHING
@@ -48,16 +48,7 @@ def sample_matches(rules):
     return found
 
 
-SAMPLED_FIELDS = (
-    "id",
-    "headers",
-    "vhost",
-    "source_queue",
-    "source_exchange",
-    "content_type",
-    "content_encoding",
-    "properties",
-)
+SAMPLED_FIELDS = ("id", "headers", *DECODE_FIELDS)
 
 
 def _masks_something(masker, message):

@@ -17,7 +17,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from console.access import operator_required, viewer_required
 from console.forms.replay import DiscardForm, EditReplayForm, TargetForm, add_engine_errors
-from recovery.bodies import readable
+from recovery.bodies import DECODE_FIELDS, readable
 from recovery.client import headers as header_codec
 from recovery.errors import BrokerUnavailable, ReplayError
 from recovery.masking import NO_MASKING
@@ -43,16 +43,7 @@ from recovery.search.filters import MessageFilterForm, narrow_search, planner_se
 
 HEX_LIMIT = 64 * 1024
 # What the download reads: the body and what says how it is encoded (masking decodes it).
-RAW_BODY_FIELDS = (
-    "id",
-    "body",
-    "vhost",
-    "source_queue",
-    "source_exchange",
-    "content_type",
-    "content_encoding",
-    "properties",
-)
+RAW_BODY_FIELDS = ("id", "body", *DECODE_FIELDS)
 TEXT_LIMIT = 1024 * 1024
 
 

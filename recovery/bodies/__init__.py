@@ -7,7 +7,26 @@ from django.conf import settings
 
 from recovery.bodies.decode import Decoded, DecodeError, decode, encodings, needs_decoding
 
-__all__ = ["Decoded", "DecodeError", "decode", "decode_message", "needs_decoding", "readable"]
+__all__ = [
+    "DECODE_FIELDS",
+    "Decoded",
+    "DecodeError",
+    "decode",
+    "decode_message",
+    "needs_decoding",
+    "readable",
+]
+
+# The message fields that decide how its body decodes (and so how masking reads it): the
+# decoder rules' vhost/queue/exchange, and the properties that name the encoding and type.
+DECODE_FIELDS = (
+    "vhost",
+    "source_queue",
+    "source_exchange",
+    "content_type",
+    "content_encoding",
+    "properties",
+)
 
 
 def decode_message(message, rules=None, limit=None, partial=False):
