@@ -145,7 +145,8 @@ def audit_frames(
     One small job summarises both logs onto the driver (``spark/log_facts.py``); then the
     rollup (``spark/rollup.py``). When the rollup shows groups consuming keys no binding names for
     them, those become ``observed`` expectations and the rollup is built again with them: a
-    second pass only for the days that need it (a day whose consumers are all bound costs one).
+    second pass only for the days that need it (a day whose consumers are all bound costs one,
+    and does not even look: ``LogFacts.unbound_possible``).
     """
     spark = producer_raw.sparkSession
     summary = log_facts.log_summary(producer_raw, consumer_raw).collect()
