@@ -3,14 +3,21 @@
 Generates N publishes and ~N consumptions (0.1 % lost, 0.5 % delivered twice, as the baseline
 does) in the log schema (docs/design.md "The log contract"), Parquet partitioned dt=/hour=, then
 in ONE Spark session with the audit's shuffle partitions (settings.SPARK_SHUFFLE_PARTITIONS, 8)
-for both contenders: the baseline query at N, the full audit (run_audit + write_outputs) at N,
-the baseline again (the machine is shared: the ratio uses the mean of the two baselines and both
-are printed), and the full audit at the small N. Prints audit/baseline (target <= 1.5), seconds
-per record at the small N vs N (target growth <= 1.3x), the Spark JVM's CPU per message of both
-contenders (steadier than wall time on a shared machine) and the driver's peak memory. Prints,
-never asserts.
+for every contender, three rounds of: the baseline query at N, then the full audit
+(run_audit + write_outputs) at N of three days over the same logs:
+- ``bound``: every group bound (the everyday case);
+- ``observed``: no binding names the consumer group (its expectations are observed: the audit
+  takes its second pass);
+- ``silent``: the bound group plus a group bound to one exchange that wrote no log (missing
+  consumer logs, its messages unverified).
+Each audit is divided by the baseline of its round (the machine is shared: a round's contenders
+run back to back). Prints every figure as the median of the rounds beside each round's: seconds,
+audit/baseline (target <= 1.2 for ``bound``), the Spark JVM's CPU per message (steadier than wall
+time on a shared machine; target <= 1.3x), Spark jobs, the load average; then one audit at the
+small N (seconds per record, growth) and the driver JVM's peak memory. Prints, never asserts.
 
-Usage: python bench/audit.py [N=10000000] [--small 1000000] [--dir /tmp/lazarus-bench-audit]
+Usage: python bench/audit.py [N=10000000] [--small 1000000] [--rounds 3]
+       [--days bound,observed,silent] [--dir /tmp/lazarus-bench-audit]
 """
 
 import argparse
@@ -128,15 +135,26 @@ def bare_query(spark, directory: str) -> tuple[float, tuple, float]:
     return seconds, tuple(sum(r[i] for r in rows) for i in (1, 2, 3)), jvm_cpu_seconds(spark) - cpu
 
 
-def full_audit(spark, directory: str) -> tuple[float, dict, int, float]:
-    from spark.audit import run_audit, write_outputs
-
-    bindings = [
+BINDINGS = {
+    "bound": [
         {"exchange": "orders", "routing_key": "#", "consumer_group": "g", "queue": "q"},
         {"exchange": "payments", "routing_key": "#", "consumer_group": "g", "queue": "q"},
-    ]
+    ],
+    "observed": [],
+    "silent": [
+        {"exchange": "orders", "routing_key": "#", "consumer_group": "g", "queue": "q"},
+        {"exchange": "payments", "routing_key": "#", "consumer_group": "g", "queue": "q"},
+        {"exchange": "orders", "routing_key": "#", "consumer_group": "silent", "queue": "sq"},
+    ],
+}
+DAYS = tuple(BINDINGS)
+
+
+def full_audit(spark, directory: str, day: str = "bound") -> tuple[float, dict, int, float]:
+    from spark.audit import run_audit, write_outputs
+
     out = tempfile.mkdtemp(prefix="lazarus-audit-out-")
-    group = f"audit-{directory}-{time.monotonic()}"
+    group = f"audit-{directory}-{day}-{time.monotonic()}"
     spark.sparkContext.setJobGroup(group, "bench audit")
     cpu, t = jvm_cpu_seconds(spark), time.perf_counter()
     outputs = run_audit(
@@ -145,7 +163,7 @@ def full_audit(spark, directory: str) -> tuple[float, dict, int, float]:
         f"{directory}/producer",
         f"{directory}/consumer",
         None,
-        bindings,
+        BINDINGS[day],
         grace=60,
         now="2026-09-25T00:00:00Z",
     )
@@ -166,16 +184,46 @@ def jvm_peak_mb(spark) -> float:
     return float("nan")
 
 
+def median(values) -> float:
+    return float(np.median(values))
+
+
+def figures(values, fmt: str) -> str:
+    """'median (run 1, run 2, run 3)'."""
+    return f"{fmt.format(median(values))} ({', '.join(fmt.format(v) for v in values)})"
+
+
+def check(day: str, totals: dict, truth: dict) -> str:
+    """What the day's totals show beside what they must."""
+    lost = f"lost {totals['lost']} (truth {truth['lost']})"
+    if day == "bound":
+        return (
+            f"{lost}, dup_deliveries {totals['dup_deliveries']} (truth {truth['dup_deliveries']})"
+        )
+    if day == "observed":
+        return (
+            f"{lost}, unbound_consumption {totals['unbound_consumption']}, "
+            f"unclaimed {totals['unclaimed']}"
+        )
+    return (
+        f"{lost}, unverified {totals['unverified']} (the silent group's pairs: every orders "
+        f"message), missing_consumer_logs {totals['missing_consumer_logs']}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("n", nargs="?", type=lambda v: int(float(v)), default=10_000_000)
     parser.add_argument("--small", type=lambda v: int(float(v)), default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--days", default=",".join(DAYS), help="of bound,observed,silent")
     parser.add_argument("--dir", default="/tmp/lazarus-bench-audit")
     args = parser.parse_args()
     n, small_n, root = args.n, min(args.small, args.n), args.dir
+    days = [d for d in args.days.split(",") if d]
     t = time.perf_counter()
     truth = generate(f"{root}/{n}", n)
-    small_truth = generate(f"{root}/{small_n}", small_n)
+    generate(f"{root}/{small_n}", small_n)
     print(f"generated {n:,} (+{small_n:,}) publishes in {time.perf_counter() - t:.1f} s")
 
     from pyspark.sql import SparkSession
@@ -190,46 +238,66 @@ def main() -> None:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
-    print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-    bare_query(spark, f"{root}/{small_n}")  # warm the JVM for both contenders
-    full_audit(spark, f"{root}/{small_n}")
+    bare_query(spark, f"{root}/{small_n}")  # warm the JVM for every contender
+    for day in days:
+        full_audit(spark, f"{root}/{small_n}", day)
 
-    base_s, base_totals, base_cpu = bare_query(spark, f"{root}/{n}")
+    base_s, base_cpu, loads = [], [], []
+    audit_s, audit_cpu, jobs = ({d: [] for d in days} for _ in range(3))
+    for r in range(1, args.rounds + 1):
+        loads.append(os.getloadavg()[0])
+        seconds, base_totals, cpu = bare_query(spark, f"{root}/{n}")
+        base_s.append(seconds)
+        base_cpu.append(cpu)
+        print(
+            f"round {r}  load {loads[-1]:4.1f}  baseline        {seconds:7.2f} s  "
+            f"JVM CPU {cpu:6.1f} s  (published, lost, dups) {base_totals}",
+            flush=True,
+        )
+        for day in days:
+            seconds, totals, day_jobs, cpu = full_audit(spark, f"{root}/{n}", day)
+            audit_s[day].append(seconds)
+            audit_cpu[day].append(cpu)
+            jobs[day].append(day_jobs)
+            print(
+                f"round {r}  audit {day:<9} {seconds:7.2f} s  JVM CPU {cpu:6.1f} s  "
+                f"{day_jobs} Spark jobs  {check(day, totals, truth)}",
+                flush=True,
+            )
+    loads.append(os.getloadavg()[0])
     print(
-        f"baseline  N={n:>11,}  {base_s:7.2f} s  JVM CPU {base_cpu:6.1f} s  "
-        f"(published, lost, dups) {base_totals}"
+        f"\nN={n:,}, {args.rounds} rounds: median (each round). Load average (1 min) at each "
+        f"round's start and the end: {', '.join(f'{v:.1f}' for v in loads)} on "
+        f"{os.cpu_count()} CPUs"
     )
-    audit_s, totals, jobs, audit_cpu = full_audit(spark, f"{root}/{n}")
+    per_message = [c / n * 1e6 for c in base_cpu]
+    print(f"baseline              {figures(base_s, '{:.1f}')} s")
+    print(f"  JVM CPU per message {figures(per_message, '{:.2f}')} us")
+    for day in days:
+        ratios = [a / b for a, b in zip(audit_s[day], base_s, strict=True)]
+        cpu_ratios = [a / b for a, b in zip(audit_cpu[day], base_cpu, strict=True)]
+        bound = day == "bound"
+        print(f"audit {day:<9}       {figures(audit_s[day], '{:.1f}')} s")
+        print(
+            f"  audit / baseline    {figures(ratios, '{:.2f}x')}"
+            f"{' (target <= 1.2)' if bound else ''}"
+        )
+        print(
+            f"  JVM CPU per message {figures([c / n * 1e6 for c in audit_cpu[day]], '{:.2f}')} us"
+            f": {figures(cpu_ratios, '{:.2f}x')} the baseline's"
+            f"{' (target <= 1.3)' if bound else ''}"
+        )
+        print(f"  Spark jobs          {figures(jobs[day], '{:.0f}')}")
+    small_s, _, _, _ = full_audit(spark, f"{root}/{small_n}", days[0])
+    per_small, per_n = small_s / small_n, median(audit_s[days[0]]) / n
     print(
-        f"audit     N={n:>11,}  {audit_s:7.2f} s  JVM CPU {audit_cpu:6.1f} s  "
-        f"lost {totals['lost']} (truth {truth['lost']}) dup_deliveries {totals['dup_deliveries']} "
-        f"(truth {truth['dup_deliveries']}), {jobs} Spark jobs"
-    )
-    again_s, _, again_cpu = bare_query(spark, f"{root}/{n}")
-    print(f"baseline  N={n:>11,}  {again_s:7.2f} s  JVM CPU {again_cpu:6.1f} s  (again)")
-    small_s, small_totals, _, _ = full_audit(spark, f"{root}/{small_n}")
-    print(
-        f"audit     N={small_n:>11,}  {small_s:7.2f} s  lost {small_totals['lost']} "
-        f"(truth {small_truth['lost']})"
-    )
-    print(f"load average after: {os.getloadavg()[0]:.1f}")
-    baseline = (base_s + again_s) / 2
-    print(
-        f"audit / baseline                 {audit_s / baseline:.2f}x  (target <= 1.5; "
-        f"{audit_s / base_s:.2f}x / {audit_s / again_s:.2f}x against each baseline)"
-    )
-    base_cpu_mean = (base_cpu + again_cpu) / 2
-    print(
-        f"JVM CPU per message: audit {audit_cpu / n * 1e6:.2f} us, baseline "
-        f"{base_cpu_mean / n * 1e6:.2f} us: {audit_cpu / base_cpu_mean:.2f}x (steadier under load)"
-    )
-    per_small, per_n = small_s / small_n, audit_s / n
-    print(
-        f"seconds/record  {small_n:,} {per_small:.3e}  {n:,} {per_n:.3e}  growth "
-        f"{per_n / per_small:.2f}x (target <= 1.3)"
+        f"seconds/record, audit {days[0]}: {small_n:,} {per_small:.3e} (one run), {n:,} "
+        f"{per_n:.3e} (median): growth {per_n / per_small:.2f}x"
     )
     python_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"driver peak memory: JVM {jvm_peak_mb(spark):.0f} MB, Python {python_mb:.0f} MB")
+    print(
+        f"driver peak memory, local[*]: JVM {jvm_peak_mb(spark):.0f} MB, Python {python_mb:.0f} MB"
+    )
     spark.stop()
 
 

@@ -16,7 +16,8 @@ from datetime import UTC, date, datetime, timedelta
 if __package__ in (None, ""):  # run as a script by spark-submit: make `spark.*` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
 
 from spark import evidence, expectations, log_facts, metrics, rollup
 from spark.schema import (
@@ -144,13 +145,15 @@ def audit_frames(
     One small job summarises both logs onto the driver (``spark/log_facts.py``); then the
     rollup (``spark/rollup.py``). When the rollup shows groups consuming keys no binding names for
     them, those become ``observed`` expectations and the rollup is built again with them: a
-    second pass only for the days that need it (a day whose consumers are all bound costs one).
+    second pass only for the days that need it (a day whose consumers are all bound costs one,
+    and does not even look: ``LogFacts.unbound_possible``).
     """
     spark = producer_raw.sparkSession
     summary = log_facts.log_summary(producer_raw, consumer_raw).collect()
     facts = log_facts.LogFacts.from_summary(summary, bindings, day_start_ms, grace_ms, now_ms)
     rolled = rollup.rolled(facts, producer_raw, consumer_raw, store, day_start_ms, grace_ms, now_ms)
-    spans = rollup.observed_spans(rolled)
+    # Only a day where some group logged lines of a key no binding names it for can have any.
+    spans = rollup.observed_spans(rolled) if facts.unbound_possible else []
     if spans:
         facts = log_facts.LogFacts.from_summary(
             summary,
@@ -240,7 +243,9 @@ def manifest_frame(spark: SparkSession, producer_files, consumer_files) -> DataF
     """The input manifest: every file read, with its size (rows are in ``totals``)."""
     rows = [("producer", f.path, f.size) for f in producer_files]
     rows += [("consumer", f.path, f.size) for f in consumer_files]
-    return spark.createDataFrame(rows, "source string, path string, bytes long")
+    return log_facts.local_frame(
+        spark, rows, [("source", "string"), ("path", "string"), ("bytes", "bigint")]
+    )
 
 
 def totals_dict(totals: DataFrame) -> dict:
@@ -252,10 +257,14 @@ def write_outputs(outputs: dict[str, DataFrame], out_dir: str) -> dict:
     rows = {}
     for name in OUTPUTS:
         if name not in ("totals", "manifest"):
-            # Counted here (from the checkpoint every output reads: cheap) so the reader can
-            # tell a complete output from one whose parts executors wrote to disks it cannot see.
-            rows[name] = outputs[name].count()
-            outputs[name].write.mode("overwrite").parquet(os.path.join(out_dir, name))
+            # Counted while written (an observed metric of the write job, not a second job
+            # reading it again) so the reader can tell a complete output from one whose parts
+            # executors wrote to disks it cannot see.
+            written = Observation(f"{name}_rows")
+            outputs[name].observe(written, F.count(F.lit(1)).alias("rows")).write.mode(
+                "overwrite"
+            ).parquet(os.path.join(out_dir, name))
+            rows[name] = written.get["rows"]
     totals = totals_dict(outputs["totals"])
     manifest = [row.asDict() for row in outputs["manifest"].collect()]
     local = out_dir.removeprefix("file://")

@@ -18,6 +18,8 @@ from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from spark.expectations import (
+    SPAN_END,
+    SPAN_START,
     WORD_BITS,
     Expectation,
     key_expectations,
@@ -108,6 +110,17 @@ def _distinct_ids(pairs, what: str) -> None:
             )
 
 
+def _covers_all_time(spans) -> bool:
+    """Whether [from, until) spans leave no time uncovered (a message first published in a
+    hole has no bound groups: any group's line of it is unbound consumption)."""
+    reached = SPAN_START
+    for lo, hi in sorted(spans):
+        if lo > reached:
+            return False
+        reached = max(reached, hi)
+    return reached >= SPAN_END
+
+
 def input_gaps(hours, first_hour_ms: int, end_hour_ms: int) -> list[tuple]:
     """Hours in [first, end) where a process's log has a hole: a file the hour before, none in
     the hour, and a file again later. A process that stops for good (shutdown, scale-in) leaves
@@ -181,6 +194,9 @@ class LogFacts:
     # lines of groups no binding names: how many messages may have lines from several groups.
     producer_lines: int = 0
     multi_group_lines: int = 0
+    # Whether a group that logged lines has a producer key no binding or configuration names
+    # it for: only then can the rollup show unbound consumption (and observed expectations).
+    unbound_possible: bool = True
 
     @classmethod
     def from_summary(
@@ -211,13 +227,26 @@ class LogFacts:
         keys, expectations, provenance, spans_of = key_expectations(
             producer, [*configured, *observed], bit_groups, words
         )
+        # Only groups that logged lines can give a message lines of several groups: a silent
+        # group beside a logging one (a missing log) leaves each message the lines of one.
         fanout = {
             hashed
             for hashed, exchange, routing_key in keys
-            if len({g for g, _, _ in spans_of[(exchange, routing_key)]}) > 1
+            if len({g for g, _, _ in spans_of[(exchange, routing_key)]} & logged) > 1
         }
         multi_group_lines = sum(r.lines for r in producer if r.key_hash in fanout)
-        multi_group_lines += sum(r.lines for r in consumer if r.consumer_group not in bound)
+        if len(logged) > 1:
+            multi_group_lines += sum(r.lines for r in consumer if r.consumer_group not in bound)
+        bound_to = defaultdict(set)
+        for e in configured:
+            matches = e.matcher()
+            for _, exchange, routing_key in keys:
+                if e.exchange == exchange and matches(routing_key):
+                    bound_to[(exchange, routing_key)].add(e.consumer_group)
+        unbound_possible = any(logged - bound_to[(ex, rk)] for _, ex, rk in keys) or not all(
+            _covers_all_time([(lo, hi) for k, lo, hi, *_ in expectations if k == hashed])
+            for hashed, _, _ in keys
+        )
         gaps = _log_gaps(summary, day_start_ms, day_end_ms, grace_ms)
         missing = missing_logs(producer, consumer, spans_of, day_start_ms, grace_ms, now_ms)
         malformed = defaultdict(int)
@@ -246,6 +275,7 @@ class LogFacts:
             ),
             producer_lines=sum(r.lines for r in producer),
             multi_group_lines=multi_group_lines,
+            unbound_possible=unbound_possible,
         )
 
     def expectation_columns(self) -> list[tuple[str, str]]:

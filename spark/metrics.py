@@ -326,14 +326,23 @@ def totals(
     windows; ``status`` is FINAL when all windows are.
     """
     final = _final(grace_ms, now_ms)
-    over_pairs = (
-        rolled.where("NOT orphan")
-        .agg(
+    # One aggregate over every rolled row: the orphan lines' rows add their lines only, the
+    # others (their measures nulled on orphan rows) everything else.
+    keys = ("window_ms", "exchange", "consumer_group", "primary", "orphan", "in_input_gap")
+    measures = [c for c in rolled.columns if c not in keys and c != "evidence"]
+    pairs_only = rolled.select(
+        *keys,
+        *[F.when(~F.col("orphan"), F.col(c)).alias(c) for c in measures],
+        F.when(F.col("orphan"), F.col("lines")).alias("orphan_lines"),
+    )
+    joined = (
+        pairs_only.agg(
             *sql_exprs(
                 *_producer_counts("primary"),
                 *_pair_counts(final, sla_ms),
                 f"{_sum('pairs', f'NOT {final}')} AS provisional_pairs",
                 f"{_sum('expected_confirmed', final)} AS final_expected_confirmed",
+                "sum(orphan_lines) AS orphan_consumptions",
             )
         )
         .selectExpr(
@@ -346,9 +355,8 @@ def totals(
             f"{input_gaps}L AS input_gaps",
             f"{missing_consumer_logs}L AS missing_consumer_logs",
         )
+        .fillna(0, subset=list(COUNT_METRICS))
     )
-    side = rolled.where("orphan").agg(F.expr("sum(lines) AS orphan_consumptions"))
-    joined = over_pairs.crossJoin(side).fillna(0, subset=list(COUNT_METRICS))
     loss_ppm = "try_divide(lost * 1000000.0, final_expected_confirmed)"
     return joined.selectExpr(
         "CASE WHEN provisional_pairs > 0 THEN 'PROVISIONAL' ELSE 'FINAL' END AS status",
