@@ -19,7 +19,9 @@ from recovery.search.filters import apply_filters
 
 # Messages read from the store per query while streaming.
 CHUNK = 200
-FIELDS = (
+# The fields a line copies as stored (the export line is its own format, not the API's message);
+# headers and body are masked, so they are written apart.
+PLAIN = (
     "id",
     "kind",
     "vhost",
@@ -32,11 +34,9 @@ FIELDS = (
     "correlation_id",
     "content_type",
     "content_encoding",
-    "collected_at",
     "properties",
-    "headers",
-    "body",
 )
+FIELDS = (*PLAIN, "collected_at", "headers", "body")
 
 
 def prepare_export(scope, user, filters, via):
@@ -105,20 +105,8 @@ def export_lines(ids, readable):
 def _line(message, masker, with_body, stored):
     body = masker.stored(message.body_bytes, stored) if with_body else None
     return {
-        "id": message.pk,
-        "kind": message.kind,
-        "vhost": message.vhost,
-        "source_queue": message.source_queue,
-        "source_exchange": message.source_exchange,
-        "routing_keys": message.routing_keys,
-        "reason": message.reason,
-        "status": message.status,
-        "message_id": message.message_id,
-        "correlation_id": message.correlation_id,
+        **{name: getattr(message, name) for name in PLAIN},
         "collected_at": message.collected_at.isoformat(),
-        "content_type": message.content_type,
-        "content_encoding": message.content_encoding,
-        "properties": message.properties,
         "headers": masker.headers(message.headers),
         "masked": bool(masker),
         "body_base64": None if body is None else base64.b64encode(body).decode("ascii"),
