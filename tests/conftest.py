@@ -15,6 +15,13 @@ from django.conf import settings
 from recovery.broker.management import Management
 from tests.helpers import make_user, point_celery_at, token_for
 
+# Every JVM the tests start (spark-submit's driver, the in-process SparkSession, a standalone
+# cluster's master and worker) compiles with C1 only and collects with the serial collector: a
+# test's day is a few hundred rows, so a JVM lives for seconds and C2's compiling costs more than
+# it wins (the audit pipeline's tests run in about 0.6 of the time). It changes how fast, not
+# what: the product's JVMs keep their defaults. Set JAVA_TOOL_OPTIONS to override.
+os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+
 
 def pytest_addoption(parser):
     parser.addoption(
