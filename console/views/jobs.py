@@ -12,7 +12,15 @@ from console.access import operator_required, viewer_required
 from console.forms.replay import MAX_BULK_IDS, JobForm, add_engine_errors
 from console.views.paging import newest_first_page, query_without
 from recovery.errors import ReplayError
-from recovery.models import Message, ReplayJob, ReplayJobItem, Role, scope_of, team_scoped
+from recovery.models import (
+    ReplayJob,
+    ReplayJobItem,
+    Role,
+    group_details,
+    scope_of,
+    team_scoped,
+)
+from recovery.models.masking import privacy_of
 from recovery.replay.jobs import create_job, describe_target, dry_run
 from recovery.replay.safety import job_breaker
 
@@ -53,12 +61,10 @@ def _selection_summary(form, scope):
     if "message_ids" in selection:
         return f"{len(selection['message_ids'])} selected message(s)"
     if "group_key" in selection:
-        label = (
-            scope.messages(Message.objects.filter(group_key=selection["group_key"]))
-            .values_list("group_label", flat=True)
-            .first()
-        )
-        return f"failure group {label or selection['group_key']}"
+        key = selection["group_key"]
+        # As the caller may see it: masked as the group's newest message's headers.
+        detail = group_details([key], scope.where_sql(), privacy_of(scope)).get(key)
+        return f"failure group {detail['label'] if detail else key}"
     return "messages matching " + ", ".join(f"{k}={v}" for k, v in selection["filters"].items())
 
 

@@ -40,6 +40,7 @@ from recovery.models import (
     scope_of,
     team_scoped,
 )
+from recovery.models.masking import privacy_of
 
 TOP_SOURCES = 15
 MANAGEMENT_TIMEOUT_SECONDS = 3
@@ -129,6 +130,7 @@ def what_changed(now, scope):
         counts=MessageCount.objects.filter(scope.q()),
         totals=MessageTotal.objects.filter(scope.q()),
         where=scope.where_sql(),
+        privacy=privacy_of(scope),
     )
     state = tally.state(now) if scope.is_global else None
     last15, capped15 = collected_since(now - datetime.timedelta(minutes=15), scope.messages())

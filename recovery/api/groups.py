@@ -12,7 +12,8 @@ from recovery.api.messages import FILTER_PARAMETERS
 from recovery.api.pagination import RowsCursorPagination
 from recovery.api.params import MessageFilterParams, validated
 from recovery.collector.health import collector_health, without_error_text
-from recovery.models import Message, Status, scope_of, team_scoped
+from recovery.models import Message, Status, group_details, scope_of, team_scoped
+from recovery.models.masking import MaskingRules, privacy_of
 from recovery.search.filters import apply_filters
 from recovery.search.groups import (
     attach_labels,
@@ -113,6 +114,23 @@ def stats(request):
 EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
 
+def masked_labels(page, scope):
+    """A page's labels as the caller may see them (docs/security.md, "Private data"): a label is
+    made from exception headers, so it is masked as the newest message's headers are; a group
+    without a message left in the caller's scope gets every rule's regular expressions."""
+    rules = MaskingRules.load()
+    if not rules or not page:
+        return page
+    keys = [group["group_key"] for group in page]
+    details = group_details(keys, scope.where_sql(), privacy_of(scope, rules))
+    for group in page:
+        detail = details.get(group["group_key"])
+        group["label"] = (
+            detail["label"] if detail else rules.team_masker(None).free_text(group["label"])
+        )
+    return page
+
+
 def _recently_seen_first(group):
     """Sort key: most recently seen first, then by key (integers and strings: a cursor)."""
     last_seen = group["last_seen"]
@@ -157,5 +175,5 @@ class GroupList(generics.ListAPIView):
             if groups is None:
                 groups = message_groups(filters, scope)
             page = self.paginator.paginate_rows(groups, _recently_seen_first, request)
-        page = attach_labels(page)
+        page = masked_labels(attach_labels(page), scope)
         return self.paginator.get_paginated_response(self.get_serializer(page, many=True).data)

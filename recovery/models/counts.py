@@ -424,7 +424,7 @@ def hourly_sparks(counts, now, hours=SPARK_HOURS):
     return sparks
 
 
-def changing_groups(now, counts=None, totals=None, limit=5, where=("true", ())):
+def changing_groups(now, counts=None, totals=None, limit=5, where=("true", ()), privacy=None):
     """(new, busiest): failure groups first seen in the last hour, and the groups with the most
     messages collected this hour and the last (this hour's pace above the last hour's is
     "growing"); each {key, label, spark: messages per hour over SPARK_HOURS, this_hour,
@@ -458,7 +458,7 @@ def changing_groups(now, counts=None, totals=None, limit=5, where=("true", ())):
         (k for k, s in sparks.items() if s[-1] or s[-2]),
         key=lambda k: (-(sparks[k][-1] + sparks[k][-2]), k),
     )[:limit]
-    details = group_details([*new_keys, *busiest], where)
+    details = group_details([*new_keys, *busiest], where, privacy)
     new = [
         {**item(k), "label": details[k]["label"], "first": details[k]["first"]}
         for k in new_keys

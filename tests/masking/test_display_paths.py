@@ -163,6 +163,15 @@ def test_a_group_label_made_from_a_masked_header_is_masked(client, api, viewer, 
     assert person not in detail and "orders · rejected · E · [masked]" in detail
     assert person not in client.get("/groups/").content.decode()
     assert person not in api.as_user(viewer).get(f"/api/v1/messages/{message.pk}").content.decode()
+    # The overview's "What changed" panel (a new group) and the groups API show it masked too.
+    overview = client.get("/").content.decode()
+    assert person not in overview and "orders · rejected · E · [masked]" in overview
+    groups = api.as_user(viewer).get("/api/v1/groups")
+    assert groups.status_code == 200 and person not in groups.content.decode()
+    assert [g["label"] for g in groups.json()["results"]] == ["orders · rejected · E · [masked]"]
+    client.force_login(make_user("oona", "operator"))
+    flow = client.get("/jobs/new", {"group": key}).content.decode()
+    assert person not in flow and "failure group orders · rejected · E · [masked]" in flow
 
 
 @pytest.mark.parametrize(
