@@ -42,6 +42,7 @@ class ActivityFilterForm(forms.Form):
         ("unmask", "break-glass unmask"),
         ("export", "export"),
         ("mask_rule_created", "masking rule created"),
+        ("mask_rule_changed", "masking rule changed"),
         ("mask_rule_deleted", "masking rule deleted"),
     ]
     VIA = [("", "any"), ("console", "console"), ("api", "api"), ("system", "system")]

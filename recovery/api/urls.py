@@ -8,6 +8,7 @@ from recovery.api import (
     broker,
     groups,
     history,
+    masking,
     messages,
     replay_jobs,
     teams,
@@ -58,4 +59,6 @@ urlpatterns = [
     path("team-scopes/<int:pk>", teams.TeamScopeDetail.as_view(), name="api-team-scope"),
     path("team-memberships", teams.MembershipList.as_view(), name="api-memberships"),
     path("team-memberships/<int:pk>", teams.MembershipDetail.as_view(), name="api-membership"),
+    path("masking-rules", masking.MaskRuleList.as_view(), name="api-mask-rules"),
+    path("masking-rules/<int:pk>", masking.MaskRuleDetail.as_view(), name="api-mask-rule"),
 ]

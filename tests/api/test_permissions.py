@@ -14,6 +14,7 @@ import yaml
 from recovery.models import (
     AlertRule,
     ApiToken,
+    MaskRule,
     Membership,
     Message,
     NotificationChannel,
@@ -115,6 +116,18 @@ ENDPOINTS = [
     ),
     ("PATCH", "/api/v1/team-memberships/{membership}", ADMIN, 200, {"role": "viewer"}),
     ("DELETE", "/api/v1/team-memberships/{membership}", ADMIN, 204, None),
+    ("GET", "/api/v1/masking-rules", ADMIN, 200, None),
+    ("POST", "/api/v1/masking-rules", ADMIN, 201, {"kind": "header", "pattern": "x-matrix"}),
+    ("GET", "/api/v1/masking-rules/{mask_rule}", ADMIN, 200, None),
+    (
+        "PUT",
+        "/api/v1/masking-rules/{mask_rule}",
+        ADMIN,
+        200,
+        {"team": "{team}", "kind": "regex", "pattern": "m[0-9]+", "note": ""},
+    ),
+    ("PATCH", "/api/v1/masking-rules/{mask_rule}", ADMIN, 200, {"note": "matrix"}),
+    ("DELETE", "/api/v1/masking-rules/{mask_rule}", ADMIN, 204, None),
 ]
 PERSONAS = ["anonymous", "no-role", "viewer", "operator", "admin"]
 
@@ -154,6 +167,7 @@ def objects(wired):
         "membership": Membership.objects.create(
             team=team, user=make_user("team-member", None), role="operator"
         ),
+        "mask_rule": MaskRule.objects.create(kind="json_path", pattern="$.matrix"),
     }
 
 
@@ -174,6 +188,7 @@ def state(objects):
         sorted(Team.objects.values_list("id", "name")),
         sorted(TeamScope.objects.values_list("id", "queue_pattern", "exchange_pattern")),
         sorted(Membership.objects.values_list("id", "user_id", "role")),
+        sorted(MaskRule.objects.values_list("id", "team_id", "kind", "pattern", "note")),
     )
 
 
