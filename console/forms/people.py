@@ -37,6 +37,7 @@ class ActivityFilterForm(forms.Form):
         ("login_refused", "sign-in refused"),
         ("sso_roles_changed", "roles changed at sign-in"),
         ("sso_mapping_created", "sign-in mapping created"),
+        ("sso_mapping_changed", "sign-in mapping changed"),
         ("sso_mapping_deleted", "sign-in mapping deleted"),
         ("body_view", "body viewed (detail, download, API, export)"),
         ("unmask", "break-glass unmask"),

@@ -11,6 +11,7 @@ from recovery.api import (
     masking,
     messages,
     replay_jobs,
+    sso,
     teams,
     tokens,
 )
@@ -61,4 +62,6 @@ urlpatterns = [
     path("team-memberships/<int:pk>", teams.MembershipDetail.as_view(), name="api-membership"),
     path("masking-rules", masking.MaskRuleList.as_view(), name="api-mask-rules"),
     path("masking-rules/<int:pk>", masking.MaskRuleDetail.as_view(), name="api-mask-rule"),
+    path("sso-mappings", sso.GroupMappingList.as_view(), name="api-sso-mappings"),
+    path("sso-mappings/<int:pk>", sso.GroupMappingDetail.as_view(), name="api-sso-mapping"),
 ]

@@ -14,6 +14,7 @@ import yaml
 from recovery.models import (
     AlertRule,
     ApiToken,
+    GroupMapping,
     MaskRule,
     Membership,
     Message,
@@ -128,6 +129,18 @@ ENDPOINTS = [
     ),
     ("PATCH", "/api/v1/masking-rules/{mask_rule}", ADMIN, 200, {"note": "matrix"}),
     ("DELETE", "/api/v1/masking-rules/{mask_rule}", ADMIN, 204, None),
+    ("GET", "/api/v1/sso-mappings", ADMIN, 200, None),
+    ("POST", "/api/v1/sso-mappings", ADMIN, 201, {"group": "matrix-ops", "role": "viewer"}),
+    ("GET", "/api/v1/sso-mappings/{sso_mapping}", ADMIN, 200, None),
+    (
+        "PUT",
+        "/api/v1/sso-mappings/{sso_mapping}",
+        ADMIN,
+        200,
+        {"group": "matrix-oncall", "role": "", "team": "{team}", "team_role": "operator"},
+    ),
+    ("PATCH", "/api/v1/sso-mappings/{sso_mapping}", ADMIN, 200, {"role": "operator"}),
+    ("DELETE", "/api/v1/sso-mappings/{sso_mapping}", ADMIN, 204, None),
 ]
 PERSONAS = ["anonymous", "no-role", "viewer", "operator", "admin"]
 
@@ -168,6 +181,7 @@ def objects(wired):
             team=team, user=make_user("team-member", None), role="operator"
         ),
         "mask_rule": MaskRule.objects.create(kind="json_path", pattern="$.matrix"),
+        "sso_mapping": GroupMapping.objects.create(group="matrix-admins", role="admin"),
     }
 
 
@@ -189,6 +203,7 @@ def state(objects):
         sorted(TeamScope.objects.values_list("id", "queue_pattern", "exchange_pattern")),
         sorted(Membership.objects.values_list("id", "user_id", "role")),
         sorted(MaskRule.objects.values_list("id", "team_id", "kind", "pattern", "note")),
+        sorted(GroupMapping.objects.values_list("id", "group", "role", "team_id", "team_role")),
     )
 
 
