@@ -3,9 +3,7 @@
 from django import forms
 
 from recovery.models import DecoderRule
-
-# A FileDescriptorSet or an Avro schema larger than this is refused (a form field, not a store).
-SCHEMA_MAX_BYTES = 4 * 1024 * 1024
+from recovery.models.decoders import SCHEMA_MAX_BYTES
 
 
 class DecoderRuleForm(forms.ModelForm):

@@ -6,6 +6,7 @@ from recovery.api import (
     alerts,
     audits,
     broker,
+    decoders,
     groups,
     history,
     masking,
@@ -64,4 +65,6 @@ urlpatterns = [
     path("masking-rules/<int:pk>", masking.MaskRuleDetail.as_view(), name="api-mask-rule"),
     path("sso-mappings", sso.GroupMappingList.as_view(), name="api-sso-mappings"),
     path("sso-mappings/<int:pk>", sso.GroupMappingDetail.as_view(), name="api-sso-mapping"),
+    path("decoder-rules", decoders.DecoderRuleList.as_view(), name="api-decoder-rules"),
+    path("decoder-rules/<int:pk>", decoders.DecoderRuleDetail.as_view(), name="api-decoder-rule"),
 ]

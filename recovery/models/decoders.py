@@ -35,6 +35,11 @@ def _glob_match(pattern, name):
     return not pattern or re.match(glob_regex(pattern), name or "", re.DOTALL) is not None
 
 
+# A FileDescriptorSet or an Avro schema larger than this is refused (the console's form and the
+# API): a rule is configuration, not a store.
+SCHEMA_MAX_BYTES = 4 * 1024 * 1024
+
+
 class DecoderRule(models.Model):
     class Decoder(models.TextChoices):
         JSON = "json", "JSON"

@@ -14,6 +14,7 @@ import yaml
 from recovery.models import (
     AlertRule,
     ApiToken,
+    DecoderRule,
     GroupMapping,
     MaskRule,
     Membership,
@@ -141,6 +142,24 @@ ENDPOINTS = [
     ),
     ("PATCH", "/api/v1/sso-mappings/{sso_mapping}", ADMIN, 200, {"role": "operator"}),
     ("DELETE", "/api/v1/sso-mappings/{sso_mapping}", ADMIN, 204, None),
+    ("GET", "/api/v1/decoder-rules", ADMIN, 200, None),
+    (
+        "POST",
+        "/api/v1/decoder-rules",
+        ADMIN,
+        201,
+        {"name": "matrix json", "queue_pattern": "m.*", "decoder": "json"},
+    ),
+    ("GET", "/api/v1/decoder-rules/{decoder_rule}", ADMIN, 200, None),
+    (
+        "PUT",
+        "/api/v1/decoder-rules/{decoder_rule}",
+        ADMIN,
+        200,
+        {"name": "matrix mp", "queue_pattern": "n.*", "decoder": "msgpack"},
+    ),
+    ("PATCH", "/api/v1/decoder-rules/{decoder_rule}", ADMIN, 200, {"position": 5}),
+    ("DELETE", "/api/v1/decoder-rules/{decoder_rule}", ADMIN, 204, None),
 ]
 PERSONAS = ["anonymous", "no-role", "viewer", "operator", "admin"]
 
@@ -182,6 +201,9 @@ def objects(wired):
         ),
         "mask_rule": MaskRule.objects.create(kind="json_path", pattern="$.matrix"),
         "sso_mapping": GroupMapping.objects.create(group="matrix-admins", role="admin"),
+        "decoder_rule": DecoderRule.objects.create(
+            name="matrix rule", queue_pattern="matrix.*", decoder="json"
+        ),
     }
 
 
@@ -204,6 +226,9 @@ def state(objects):
         sorted(Membership.objects.values_list("id", "user_id", "role")),
         sorted(MaskRule.objects.values_list("id", "team_id", "kind", "pattern", "note")),
         sorted(GroupMapping.objects.values_list("id", "group", "role", "team_id", "team_role")),
+        sorted(
+            DecoderRule.objects.values_list("id", "name", "position", "queue_pattern", "decoder")
+        ),
     )
 
 
