@@ -20,6 +20,7 @@ from recovery.models import (
     AlertRule,
     NotificationChannel,
     has_role,
+    mask_for_display,
     scope_of,
     team_scoped,
 )
@@ -56,7 +57,8 @@ def alert_list(request):
                 _show_secret_once(request, saved)
             return redirect("alerts")
     scope = scope_of(request)
-    rules = scope.owned(AlertRule.objects.prefetch_related("channels"))
+    rules = list(scope.owned(AlertRule.objects.prefetch_related("channels")))
+    mask_for_display(rules)
     return render(
         request,
         "alerts/list.html",
@@ -107,6 +109,9 @@ def alert_detail(request, pk):
             _log(request, "alert_rule_changed", id=rule.pk, name=rule.name)
             flash.success(request, "Saved.")
             return redirect("alert", pk=rule.pk)
+    transitions = list(rule.transitions.select_related("rule")[:100])
+    # Past the form's save: the masked texts are for the page only.
+    mask_for_display([rule], transitions)
     return render(
         request,
         "alerts/detail.html",
@@ -114,7 +119,7 @@ def alert_detail(request, pk):
             "rule": rule,
             "form": form,
             "mute_form": MuteForm(),
-            "transitions": rule.transitions.all()[:100],
+            "transitions": transitions,
             "notifications": rule.notifications.select_related("channel")[:50],
             "is_admin": has_role(request.user, "admin"),
             "now": timezone.now(),

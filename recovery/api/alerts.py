@@ -5,6 +5,7 @@ and create, change, disable, delete channels and rotate their secret (shown once
 that made it). Definitions of the kinds and their params: docs/alerts.md and
 recovery/alerts/params.py."""
 
+import copy
 import datetime
 
 from django.shortcuts import get_object_or_404
@@ -27,8 +28,10 @@ from recovery.models import (
     Role,
     Team,
     has_role,
+    mask_for_display,
     scope_of,
 )
+from recovery.models.masking import MaskingRules
 
 
 @extend_schema_field({"type": "boolean"})
@@ -171,6 +174,13 @@ class AlertRuleSerializer(serializers.ModelSerializer):
         data["remind_every_seconds"] = (
             int(rule.remind_every.total_seconds()) if rule.remind_every else None
         )
+        # Free text as the console shows it: masked (loaded once for a page of rules).
+        if "masking" not in self.context:
+            self.context["masking"] = MaskingRules.load()
+        shown = copy.copy(rule)
+        mask_for_display([shown], masking=self.context["masking"])
+        for name in ("last_summary", "last_error", "last_items"):
+            data[name] = getattr(shown, name)
         return data
 
     @staticmethod

@@ -30,7 +30,13 @@ from recovery.models.access import (
     set_privileges,
     set_role,
 )
-from recovery.models.alerts import AlertRule, AlertTransition, Notification, NotificationChannel
+from recovery.models.alerts import (
+    AlertRule,
+    AlertTransition,
+    Notification,
+    NotificationChannel,
+    mask_for_display,
+)
 from recovery.models.audit import (
     WARNING_METRICS,
     AuditEvidence,
@@ -116,6 +122,7 @@ __all__ = [
     "Activity",
     "AlertRule",
     "AlertTransition",
+    "mask_for_display",
     "Notification",
     "NotificationChannel",
     "ApiRateWindow",

@@ -570,3 +570,32 @@ def mask_payload(body, team_id):
         masker.free_text(item) if isinstance(item, str) else item for item in body["items"] or []
     ]
     return body
+
+
+def mask_for_display(rules, transitions=(), masking=None):
+    """The rules' (and their ``transitions'``) free text as the console and the API show it:
+    through the masking rules' regular expressions, as a notification's (a summary or an item
+    can quote a failure group's label, a job's reason). In memory only: never save these
+    objects afterwards. ``masking``: the loaded MaskingRules (loaded here if None)."""
+    from recovery.models.masking import MaskingRules
+
+    masking = MaskingRules.load() if masking is None else masking
+    if not masking:
+        return
+    maskers = {}
+
+    def masker_of(team_id):
+        if team_id not in maskers:
+            maskers[team_id] = masking.team_masker(team_id)
+        return maskers[team_id]
+
+    for rule in rules:
+        masker = masker_of(rule.team_id)
+        rule.last_summary = masker.free_text(rule.last_summary)
+        rule.last_error = masker.free_text(rule.last_error)
+        rule.last_items = [
+            masker.free_text(item) if isinstance(item, str) else item
+            for item in rule.last_items or []
+        ]
+    for transition in transitions:
+        transition.summary = masker_of(transition.rule.team_id).free_text(transition.summary)

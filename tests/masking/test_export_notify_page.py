@@ -103,6 +103,29 @@ def test_notifications_are_masked_on_webhook_slack_and_email_text(rules):
     assert TOKEN not in text_of(payload)  # what Slack and email send
 
 
+def test_alert_pages_and_the_api_show_a_rules_texts_masked(client, api, rules):
+    rule = AlertRule.objects.create(name="jobs", kind="replay_job")
+    ReplayJob.objects.create(state="paused", state_reason=f"broker said: {TOKEN} refused")
+    assert evaluate(now=timezone.now())[rule.pk] == "firing"
+    rule.refresh_from_db()
+    assert TOKEN in rule.last_items[0]  # stored as it was evaluated
+    assert rule.transitions.filter(summary__contains="1").exists()
+    rule.transitions.update(summary=f"1 job paused: {TOKEN}")
+
+    viewer = make_user("val", "viewer")
+    client.force_login(viewer)
+    for page in (client.get("/alerts/"), client.get(f"/alerts/{rule.pk}/")):
+        assert page.status_code == 200
+        assert TOKEN not in page.content.decode()
+    assert "1 job paused: [masked]" in client.get(f"/alerts/{rule.pk}/").content.decode()
+    shown = api.as_user(viewer).get(f"/api/v1/alert-rules/{rule.pk}").json()
+    assert TOKEN not in json.dumps(shown) and "[masked] refused" in shown["last_items"][0]
+    listed = api.as_user(viewer).get("/api/v1/alert-rules").json()
+    assert TOKEN not in json.dumps(listed)
+    rule.refresh_from_db()
+    assert TOKEN in rule.last_items[0]  # showing it masked changed nothing stored
+
+
 @pytest.mark.parametrize(
     "kind, pattern, error",
     [
