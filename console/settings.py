@@ -352,6 +352,9 @@ SPECTACULAR_SETTINGS = {
         "ChannelKindEnum": "recovery.api.alerts.ChannelKind",
         "UncoveredKindEnum": "recovery.api.alerts.UNCOVERED_KINDS",
         "ReplayJobStateEnum": "recovery.api.replay_jobs.ReplayJobState",
+        # A membership's role and a sign-in mapping's team_role; a mapping's global role.
+        "TeamRoleEnum": "recovery.models.teams.Membership.TeamRole",
+        "GlobalRoleEnum": "recovery.models.access.Role",
     },
 }
 
