@@ -269,13 +269,18 @@ def write_outputs(outputs: dict[str, DataFrame], out_dir: str) -> dict:
 
     # The outputs are small, independent jobs over the checkpointed rollup (one task each):
     # submitted side by side, they keep every core busy and overlap their planning and code
-    # generation on the driver. Each thread keeps the caller's job group and properties.
+    # generation on the driver. Each job keeps the caller's job group, properties and tags (a
+    # copy of its own: a running query sets its execution id there).
     names = [name for name in OUTPUTS if name not in ("totals", "manifest")]
     spark = outputs[names[0]].sparkSession
+
+    def inherit(target):
+        return inheritable_thread_target(spark)(target)
+
     workers = max(2, min(len(names), spark.sparkContext.defaultParallelism))
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {name: pool.submit(inheritable_thread_target(write), name) for name in names}
-        totals_future = pool.submit(inheritable_thread_target(totals_dict), outputs["totals"])
+        futures = {name: pool.submit(inherit(write), name) for name in names}
+        totals_future = pool.submit(inherit(totals_dict), outputs["totals"])
         rows = {name: future.result() for name, future in futures.items()}
         totals = totals_future.result()
     manifest = [row.asDict() for row in outputs["manifest"].collect()]
