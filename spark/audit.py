@@ -11,6 +11,7 @@ import math
 import os
 import sys
 from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, date, datetime, timedelta
 
 if __package__ in (None, ""):  # run as a script by spark-submit: make `spark.*` importable
@@ -18,6 +19,7 @@ if __package__ in (None, ""):  # run as a script by spark-submit: make `spark.*`
 
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
+from pyspark.util import inheritable_thread_target
 
 from spark import evidence, expectations, log_facts, metrics, rollup
 from spark.schema import (
@@ -254,18 +256,33 @@ def totals_dict(totals: DataFrame) -> dict:
 
 def write_outputs(outputs: dict[str, DataFrame], out_dir: str) -> dict:
     """Write every output as Parquet under ``out_dir``; returns the totals as a dict."""
-    rows = {}
-    for name in OUTPUTS:
-        if name not in ("totals", "manifest"):
-            # Counted while written (an observed metric of the write job, not a second job
-            # reading it again) so the reader can tell a complete output from one whose parts
-            # executors wrote to disks it cannot see.
-            written = Observation(f"{name}_rows")
-            outputs[name].observe(written, F.count(F.lit(1)).alias("rows")).write.mode(
-                "overwrite"
-            ).parquet(os.path.join(out_dir, name))
-            rows[name] = written.get["rows"]
-    totals = totals_dict(outputs["totals"])
+
+    def write(name: str) -> int:
+        # Counted while written (an observed metric of the write job, not a second job
+        # reading it again) so the reader can tell a complete output from one whose parts
+        # executors wrote to disks it cannot see.
+        written = Observation(f"{name}_rows")
+        outputs[name].observe(written, F.count(F.lit(1)).alias("rows")).write.mode(
+            "overwrite"
+        ).parquet(os.path.join(out_dir, name))
+        return written.get["rows"]
+
+    # The outputs are small, independent jobs over the checkpointed rollup (one task each):
+    # submitted side by side, they keep every core busy and overlap their planning and code
+    # generation on the driver. Each job keeps the caller's job group, properties and tags (a
+    # copy of its own: a running query sets its execution id there).
+    names = [name for name in OUTPUTS if name not in ("totals", "manifest")]
+    spark = outputs[names[0]].sparkSession
+
+    def inherit(target):
+        return inheritable_thread_target(spark)(target)
+
+    workers = max(2, min(len(names), spark.sparkContext.defaultParallelism))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = {name: pool.submit(inherit(write), name) for name in names}
+        totals_future = pool.submit(inherit(totals_dict), outputs["totals"])
+        rows = {name: future.result() for name, future in futures.items()}
+        totals = totals_future.result()
     manifest = [row.asDict() for row in outputs["manifest"].collect()]
     local = out_dir.removeprefix("file://")
     if "://" not in local:  # JSON summaries beside the Parquet when the output is local

@@ -43,30 +43,59 @@ def log_summary(producer_raw: DataFrame, consumer_raw: DataFrame) -> DataFrame:
     Counting every line reads only the few low-cardinality columns the keys need; counting the
     malformed ones filters on null checks and comparisons the Parquet reader answers from its
     row-group statistics, so neither reads the message ids. ``LogFacts.from_summary`` takes
-    the difference. The hashes are computed on the counted rows, not on every line."""
+    the difference. The four counts are one aggregate over the union of their scans (one
+    shuffle, one job besides the collect): a log's two keys travel as ``a`` and ``b`` (the
+    producer's exchange and routing key, the consumer's group and queue). The hashes are
+    computed on the counted rows, not on every line."""
 
-    def counted(frame: DataFrame, keys: list, *extra: Column) -> DataFrame:
-        every = frame.groupBy(*keys).agg(F.count(F.lit(1)).alias("lines"), *extra)
-        bad = frame.where("malformed").groupBy(*keys).agg(F.count(F.lit(1)).alias("lines"), *extra)
-        return every.withColumn("malformed", F.lit(None).cast("boolean")).unionByName(
-            bad.withColumn("malformed", F.lit(True))
-        )
-
-    producer = counted(
-        producer_raw,
-        [
-            F.col("producer").alias("process"),
+    def lines(frame: DataFrame, process: str, a: str, b: Column, acked: Column) -> DataFrame:
+        keys = [
+            F.col(process).alias("process"),
             "file_hour_ms",
+            F.col(a).alias("a"),
+            b.alias("b"),
+            acked.alias("ack"),
+        ]
+        source = F.lit("producer" if process == "producer" else "consumer").alias("source")
+        every = frame.select(source, F.lit(None).cast("boolean").alias("malformed"), *keys)
+        bad = frame.where("malformed").select(source, F.lit(True).alias("malformed"), *keys)
+        return every.unionByName(bad)
+
+    counted = (
+        lines(
+            producer_raw,
+            "producer",
             "exchange",
-            F.coalesce("routing_key", F.lit("")).alias("routing_key"),
-        ],
-        F.expr("count_if(outcome = 'ack') AS acked"),
-    ).select(F.lit("producer").alias("source"), "*", key_hash().alias("key_hash"))
-    consumer = counted(
-        consumer_raw,
-        [F.col("consumer").alias("process"), "file_hour_ms", "consumer_group", "queue"],
-    ).select(F.lit("consumer").alias("source"), "*", group_hash().alias("group_hash"))
-    return producer.unionByName(consumer, allowMissingColumns=True)
+            F.coalesce("routing_key", F.lit("")),
+            F.col("outcome") == "ack",
+        )
+        .unionByName(
+            lines(
+                consumer_raw,
+                "consumer",
+                "consumer_group",
+                F.col("queue"),
+                F.lit(None).cast("boolean"),
+            )
+        )
+        .groupBy("source", "malformed", "process", "file_hour_ms", "a", "b")
+        .agg(F.count(F.lit(1)).alias("lines"), F.expr("count_if(ack) AS acked"))
+    )
+    producer = "source = 'producer'"
+    return counted.selectExpr(
+        "source",
+        "process",
+        "file_hour_ms",
+        f"CASE WHEN {producer} THEN a END AS exchange",
+        f"CASE WHEN {producer} THEN b END AS routing_key",
+        f"CASE WHEN {producer} THEN acked END AS acked",
+        f"CASE WHEN {producer} THEN xxhash64(a, b) END AS key_hash",
+        f"CASE WHEN NOT {producer} THEN a END AS consumer_group",
+        f"CASE WHEN NOT {producer} THEN b END AS queue",
+        f"CASE WHEN NOT {producer} THEN xxhash64(a) END AS group_hash",
+        "lines",
+        "malformed",
+    )
 
 
 def valid_and_malformed(summary) -> tuple[list, list]:

@@ -9,7 +9,7 @@ of several groups, orphans, lines on both sides of the deadline) take the exact 
 from collections.abc import Callable
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 
 from spark import log_facts, metrics, pairing, transforms
@@ -144,12 +144,17 @@ def _folded_rollup(
     messages the fold left (their lines picked out of the consumer logs again), checkpointed."""
     # Kept in the rollup's partitions: the messages left for the exact path have a row each,
     # and they could be many.
+    # The messages left for the exact path are counted while the checkpoint is written (an
+    # observed metric of its job), not by a job reading it again.
+    left = Observation("exact_messages")
     first_pass = _checkpoint(
-        rolled_up(pairing.message_pairs(messages, day_start_ms, grace_ms, bit_groups), ("exact",))
+        rolled_up(
+            pairing.message_pairs(messages, day_start_ms, grace_ms, bit_groups), ("exact",)
+        ).observe(left, F.expr("count_if(exact IS NOT NULL) AS messages"))
     )
     settled = first_pass.where("exact IS NULL").drop("exact")
     exact = first_pass.where("exact IS NOT NULL").select("exact.*")
-    exact_messages = exact.count()
+    exact_messages = left.get["messages"]
     if not exact_messages:
         return settled.coalesce(1)  # one partition, as _checkpoint's, without a second copy
     # The exact path: the messages the first pass could not fold, with their lines.
