@@ -257,3 +257,27 @@ def test_the_indexer_leaves_the_cores_to_the_collector_during_a_flood_but_not_fo
     fresh = make_message(message_id="stored-after-the-flood")
     assert index_new_messages() >= 1
     assert MessageSearch.objects.filter(message_id=fresh.pk).exists()
+
+
+def test_a_readable_bodys_document_is_search_document_sql_over_its_row():
+    """What a bulk load (bench/ui.py) writes in one statement for bodies stored as readable
+    text, SEARCH_DOCUMENT_SQL over the row, is what the indexer writes; a body it decodes in
+    Python is the exception, and NEEDS_DECODING_SQL says which."""
+    import gzip
+
+    make_message(body=b'{"sku": "BLUE-42", "email": "user1@example.com"}')
+    make_message(headers={"tenant": "t-1", "trace": "ab" * 16, "x-exception-type": "E"})
+    make_message(body="crème brûlée".encode(), correlation_id="")
+    make_message(body=b"\x00\xff binary \\path", content_type="application/octet-stream")
+    make_message(body=b"x" * 9000, headers={"big": "y" * 9000})
+    make_message(body=gzip.compress(b'{"zipped": "inside"}'), content_encoding="gzip")
+    assert search_index.index_new() == 6
+    with connection.cursor() as cur:
+        cur.execute(
+            f"SELECT m.decodes, d.document = m.document FROM (SELECT id, "
+            f"{search_index.NEEDS_DECODING_SQL} AS decodes, "
+            f"{search_index.SEARCH_DOCUMENT_SQL} AS document FROM recovery_message) m "
+            "JOIN recovery_messagesearch d ON d.message_id = m.id ORDER BY m.id"
+        )
+        rows = cur.fetchall()
+    assert rows == [(False, True)] * 5 + [(True, False)]
