@@ -49,6 +49,7 @@ import argparse
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -505,7 +506,7 @@ def stored_against_empty(vhost, args):
         ratios.append(rates["stored"] / rates["empty"])
         print(f"  this round: stored / empty = {ratios[-1]:.2f}", flush=True)
     print(
-        f"stored / empty: median {sorted(ratios)[len(ratios) // 2]:.2f}, best {max(ratios):.2f} "
+        f"stored / empty: median {statistics.median(ratios):.2f}, best {max(ratios):.2f} "
         f"({', '.join(f'{r:.2f}' for r in ratios)})"
     )
 
