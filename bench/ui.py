@@ -594,6 +594,7 @@ def main():
     parser.add_argument(
         "--load-only", action="store_true", help="load the store (if needed) and stop"
     )
+    parser.add_argument("--no-teams", action="store_true", help="skip the team comparison (#31)")
     parser.add_argument(
         "--sessions", type=int, default=2, help="sessions inserting rows at once (default 2)"
     )
@@ -678,6 +679,8 @@ def main():
     live = p95(time_requests(client, ["/overview/live"] * 20))
     print(f"\n(overview's live fragment, broker round trips: p95 {live:.1f} ms; no target)")
 
+    if args.no_teams:
+        return
     print(f"\n{'team page':<10} {'global p95':>10} {'team p95':>9} {'team/global':>12}  (#31)")
     for name, unscoped, scoped in team_comparison(args.runs, rng):
         print(f"{name:<10} {unscoped:10.1f} {scoped:9.1f} {scoped / unscoped:12.2f}", flush=True)
