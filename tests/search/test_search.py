@@ -281,3 +281,30 @@ def test_a_readable_bodys_document_is_search_document_sql_over_its_row():
         )
         rows = cur.fetchall()
     assert rows == [(False, True)] * 5 + [(True, False)]
+
+
+def test_a_selective_search_is_paged_from_its_matches_without_searching_again(
+    client, viewer, corpus
+):
+    """narrow_search's ``unsearched``: the page reads the matching ids with the other filters
+    only (a message's content never changes); the trigram scan runs once per list page."""
+    from django.test.utils import CaptureQueriesContext
+
+    from recovery.search import filters
+
+    form = MessageFilterForm({"q": "acme corp"})
+    assert form.is_valid()
+    others = {**form.cleaned_data, "q": ""}
+    narrowed = filters.narrow_search(
+        form.apply(), form.cleaned_data, filters.apply_filters(Message.objects.all(), others)
+    )
+    assert list(narrowed.values_list("message_id", flat=True)) == ["m2"]
+    assert "ILIKE" not in str(narrowed.query)
+    poisoned = filters.apply_filters(Message.objects.all(), {**others, "status": "poisoned"})
+    assert not filters.narrow_search(form.apply(), form.cleaned_data, poisoned).exists()
+
+    client.force_login(viewer)
+    with CaptureQueriesContext(connection) as ctx:
+        page = client.get("/messages/?q=acme+corp&kind=dead_letter")
+    assert page.status_code == 200 and "m2" in page.content.decode()
+    assert sum("ILIKE" in query["sql"] for query in ctx.captured_queries) == 1
