@@ -35,6 +35,11 @@ the quiet one.
 RSS: fills N (default 1M) dead letters, drains them with one worker process and prints its
 resident set size every few seconds, then the peak.
 
+Into a big store (``--stored URL``, issue #34): the same drain into the store of that database
+as it is (the one ``bench/ui.py N`` loads; the drained rows are deleted afterwards) and into an
+empty one, alternating, ``--rounds`` pairs: ``stored / empty`` per round, median and best.
+Index maintenance grows with the table; this measures by how much.
+
 Everything runs in private vhosts (``lazarus-bench-<pid>``) and a private database
 (BENCH_DATABASE_URL, default ``postgresql://postgres@127.0.0.1:5432/lazarus_bench_collector``),
 all created here and the vhosts deleted at the end.
@@ -44,6 +49,7 @@ import argparse
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -123,8 +129,8 @@ def fill(vhost, n):
     return n / (time.perf_counter() - started)
 
 
-def store_count(pg):
-    return pg.execute("SELECT count(*) FROM recovery_message").fetchone()[0]
+def store_count(pg, above=0):
+    return pg.execute("SELECT count(*) FROM recovery_message WHERE id > %s", [above]).fetchone()[0]
 
 
 def progress(pg):
@@ -158,10 +164,10 @@ class BackendCpu:
         return sum(self.seen.values())
 
 
-def start_worker(vhost, args, log_path):
+def start_worker(vhost, args, log_path, database=None):
     env = {
         **os.environ,
-        "DATABASE_URL": BENCH_DB,
+        "DATABASE_URL": database or BENCH_DB,
         "RABBITMQ_URL": vhost_url(vhost),
         "CELERY_BROKER_URL": vhost_url(vhost),
         "RECOVERY_VHOSTS": vhost,
@@ -217,11 +223,22 @@ def tree_rss_mb(pid):
     return max(sizes), sum(sizes)
 
 
-def drain(vhost, n, args, sample_rss=False):
-    """Drain N dead letters with one collector; returns (rate msg/s, rss samples, cpu report)."""
-    pg = psycopg.connect(BENCH_DB, autocommit=True)
-    pg.execute("TRUNCATE recovery_message RESTART IDENTITY CASCADE")
-    pg.execute("VACUUM ANALYZE recovery_message")
+def drain(vhost, n, args, sample_rss=False, stored=None):
+    """Drain N dead letters with one collector; returns (rate msg/s, rss samples, cpu report).
+
+    Into an empty store (BENCH_DB, emptied first), or with ``stored`` (a database URL) into
+    that store as it is, the drained rows deleted again afterwards (not vacuumed: a VACUUM
+    would read every index of the big table for them)."""
+    pg = psycopg.connect(stored or BENCH_DB, autocommit=True)
+    if stored:  # the identity's last value: ids deleted after an earlier round are not reused
+        base = pg.execute(
+            "SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM "
+            + pg.execute("SELECT pg_get_serial_sequence('recovery_message', 'id')").fetchone()[0]
+        ).fetchone()[0]
+    else:
+        base = 0
+        pg.execute("TRUNCATE recovery_message RESTART IDENTITY CASCADE")
+        pg.execute("VACUUM ANALYZE recovery_message")
     backends = BackendCpu(pg, "lazarus-collector")
     samples = []
     log_path = ROOT / "var" / f"bench-collector-{os.getpid()}.log"
@@ -233,7 +250,7 @@ def drain(vhost, n, args, sample_rss=False):
         stop_event, threads = start_collectors(vhosts=[vhost], **tunables)
         pid, stop = os.getpid(), lambda: stop_collectors(stop_event, threads)
     else:
-        worker = start_worker(vhost, args, log_path)
+        worker = start_worker(vhost, args, log_path, stored)
         pid, stop = worker.pid, lambda: stop_worker(worker)
     expected = (
         1
@@ -249,7 +266,7 @@ def drain(vhost, n, args, sample_rss=False):
         last_sample = 0.0
         deadline = time.monotonic() + max(120, n / 500)
         while True:
-            count = progress(pg)
+            count = progress(pg) - base
             now = time.perf_counter()
             if (
                 first_at is None
@@ -270,7 +287,7 @@ def drain(vhost, n, args, sample_rss=False):
                             f" at {count:>8} stored",
                             flush=True,
                         )
-            if count >= n and store_count(pg) >= n:
+            if count >= n and store_count(pg, base) >= n:
                 break
             if time.monotonic() > deadline:
                 raise SystemExit(f"drain stalled at {count}/{n}; see {log_path}")
@@ -289,6 +306,8 @@ def drain(vhost, n, args, sample_rss=False):
         }
     finally:
         stop()
+        if stored:
+            pg.execute("DELETE FROM recovery_message WHERE id > %s", [base])
         pg.close()
         if amqp.is_open:
             amqp.close()
@@ -466,6 +485,32 @@ def run_baseline(n, management):
     return float(re.search(r"drain DLQ -> PG .*?(\d+) msg/s", out).group(1)), backends.total() / n
 
 
+def stored_against_empty(vhost, args):
+    """The same drain into a big store and into an empty one, alternating (issue #34: index
+    maintenance grows with the table)."""
+    with psycopg.connect(args.stored) as pg:
+        held = pg.execute("SELECT count(*) FROM recovery_message").fetchone()[0]
+    print(f"collector drain of {args.n} 1 KiB dead letters: into {held} stored against empty")
+    ratios = []
+    for _round in range(args.rounds):
+        rates = {}
+        for which, stored in (("empty", None), ("stored", args.stored)):
+            print(f"  fill {fill(vhost, args.n):9.0f} msg/s")
+            rates[which], _, cpu = drain(vhost, args.n, args, stored=stored)
+            print(
+                f"  into {'the empty store' if stored is None else f'{held} stored'}: "
+                f"{rates[which]:9.0f} msg/s  (CPU per message: "
+                f"collector {cpu['collector']:.0f} us, PostgreSQL {cpu['postgres']:.0f} us)",
+                flush=True,
+            )
+        ratios.append(rates["stored"] / rates["empty"])
+        print(f"  this round: stored / empty = {ratios[-1]:.2f}", flush=True)
+    print(
+        f"stored / empty: median {statistics.median(ratios):.2f}, best {max(ratios):.2f} "
+        f"({', '.join(f'{r:.2f}' for r in ratios)})"
+    )
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("n", nargs="?", type=int, default=100_000)
@@ -494,6 +539,13 @@ def main():
     parser.add_argument(
         "--rounds", type=int, default=2, help="collector + baseline pairs; best of each is used"
     )
+    parser.add_argument(
+        "--stored",
+        metavar="URL",
+        help="instead: drains into the store of this database as it is (bench/ui.py's, e.g. 10M "
+        "messages; the drained rows are deleted again) against drains into an empty store, "
+        "alternating, --rounds pairs: stored / empty",
+    )
     args = parser.parse_args()
 
     ensure_database()
@@ -503,7 +555,9 @@ def main():
     try:
         wire(vhost)
         quiet = None
-        if not args.rss_only:
+        if args.stored:
+            stored_against_empty(vhost, args)
+        elif not args.rss_only:
             print(f"collector drain of {args.n} 1 KiB dead letters, {args.rounds} round(s)")
             rates, baselines = [], []
             for _round in range(args.rounds):

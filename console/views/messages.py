@@ -33,6 +33,7 @@ from recovery.replay.jobs import create_job
 from recovery.search.filters import (
     MIN_SUBSTRING_LENGTH,
     MessageFilterForm,
+    apply_filters,
     narrow_search,
     planner_settings,
 )
@@ -62,8 +63,11 @@ def _page(form, before, scope):
     if not form.cleaned_data.get("q"):
         page = newest_first_page(queryset, before, PAGE_SIZE, "collected_at")
         return attach_died_again(page.rows), page.next_before
+    unsearched = scope.messages(
+        apply_filters(Message.objects.only(*LIST_COLUMNS), {**form.cleaned_data, "q": ""}, scope)
+    )
     with transaction.atomic(), planner_settings(statement_timeout=SEARCH_TIMEOUT_MS):
-        queryset = narrow_search(queryset, form.cleaned_data)
+        queryset = narrow_search(queryset, form.cleaned_data, unsearched)
         page = newest_first_page(queryset, before, PAGE_SIZE, "collected_at")
     # Outside the search's time limit: one probe of msg_origin per replayed row of the page.
     return attach_died_again(page.rows), page.next_before

@@ -60,7 +60,8 @@ def filtered_messages(query_params, queryset=None, scope=None):
     if scope is not None:
         queryset = scope.messages(queryset)
     data = validated(MessageFilterParams, query_params)
-    return narrow_search(apply_filters(queryset, data, scope), data)
+    unsearched = apply_filters(queryset, {**data, "q": ""}, scope)
+    return narrow_search(apply_filters(queryset, data, scope), data, unsearched)
 
 
 @extend_schema(parameters=FILTER_PARAMETERS, summary="List collected messages, newest first")

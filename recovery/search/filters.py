@@ -186,7 +186,7 @@ def _contains(document, text):
 SELECTIVE_SEARCH_LIMIT = 1000
 
 
-def narrow_search(queryset, data):
+def narrow_search(queryset, data, unsearched=None):
     """``queryset`` (filtered with ``data``) made safe to page newest-first when it searches.
 
     PostgreSQL cannot estimate how many rows a substring search matches and assumes many, so
@@ -197,6 +197,12 @@ def narrow_search(queryset, data):
     matches are then listed by primary key; more means the term is common and the index walk
     finds a page quickly. Without a substring search, ``queryset`` is returned as it is.
 
+    ``unsearched``: the same queryset without the text search (``data``'s other filters and the
+    caller's scope applied). The matches are then paged with those filters only instead of
+    running the search a second time inside the page's query: a message's ids, headers and
+    body never change, so the ids stay its matches, and at 10M messages the trigram index scan
+    is most of a search page (bench/ui.py; docs/big-store.md).
+
     Evaluates one query now; the result is a lazy queryset like its input.
     """
     q = (data.get("q") or "").strip()
@@ -206,7 +212,7 @@ def narrow_search(queryset, data):
         ids = list(queryset.order_by().values_list("pk", flat=True)[: SELECTIVE_SEARCH_LIMIT + 1])
     if len(ids) > SELECTIVE_SEARCH_LIMIT:
         return queryset
-    return queryset.filter(pk__in=ids)
+    return (queryset if unsearched is None else unsearched).filter(pk__in=ids)
 
 
 @contextlib.contextmanager

@@ -200,3 +200,35 @@ def test_totals_count_the_collectors_copy_path():
     MessageTotal.objects.all().delete()
     MessageTotal.rebuild()
     assert totals() == recount()
+
+
+def test_the_busiest_groups_are_the_most_collected_this_hour_and_the_last(time_machine):
+    from recovery.models import changing_groups
+
+    time_machine.move_to("2026-11-26 03:40:00+00:00", tick=False)
+    now = timezone.now()
+    this_hour, last_hour, earlier = (
+        now - datetime.timedelta(minutes=10),
+        now - datetime.timedelta(minutes=50),
+        now - datetime.timedelta(hours=3),
+    )
+    collected = {
+        "g1": [this_hour] * 3,
+        "g2": [this_hour] + [last_hour] * 2,
+        "g3": [last_hour] * 5,
+        "g4": [this_hour],
+        "g5": [last_hour] * 2,
+        "g6": [last_hour],  # ties with g4 at 1, after it by key: the sixth, not shown
+        "g7": [earlier] * 9,  # busy, but not in these two hours
+    }
+    for key, times in collected.items():
+        for at in times:
+            make_message(group_key=key, group_label=f"label {key}", collected_at=at)
+    _new, busiest = changing_groups(now)
+    assert [g["key"] for g in busiest] == ["g3", "g1", "g2", "g5", "g4"]
+    shown = {g["key"]: g for g in busiest}
+    assert shown["g3"]["spark"] == [0] * 10 + [5, 0]
+    assert shown["g2"]["spark"][-2:] == [2, 1]
+    assert (shown["g1"]["this_hour"], shown["g1"]["last_hour"]) == (3, 0)
+    assert shown["g1"]["growing"] and not shown["g3"]["growing"]
+    assert shown["g4"]["label"] == "label g4"

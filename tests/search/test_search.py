@@ -257,3 +257,54 @@ def test_the_indexer_leaves_the_cores_to_the_collector_during_a_flood_but_not_fo
     fresh = make_message(message_id="stored-after-the-flood")
     assert index_new_messages() >= 1
     assert MessageSearch.objects.filter(message_id=fresh.pk).exists()
+
+
+def test_a_readable_bodys_document_is_search_document_sql_over_its_row():
+    """What a bulk load (bench/ui.py) writes in one statement for bodies stored as readable
+    text, SEARCH_DOCUMENT_SQL over the row, is what the indexer writes; a body it decodes in
+    Python is the exception, and NEEDS_DECODING_SQL says which."""
+    import gzip
+
+    make_message(body=b'{"sku": "BLUE-42", "email": "user1@example.com"}')
+    make_message(headers={"tenant": "t-1", "trace": "ab" * 16, "x-exception-type": "E"})
+    make_message(body="crème brûlée".encode(), correlation_id="")
+    make_message(body=b"\x00\xff binary \\path", content_type="application/octet-stream")
+    make_message(body=b"x" * 9000, headers={"big": "y" * 9000})
+    make_message(body=gzip.compress(b'{"zipped": "inside"}'), content_encoding="gzip")
+    assert search_index.index_new() == 6
+    with connection.cursor() as cur:
+        cur.execute(
+            f"SELECT m.decodes, d.document = m.document FROM (SELECT id, "
+            f"{search_index.NEEDS_DECODING_SQL} AS decodes, "
+            f"{search_index.SEARCH_DOCUMENT_SQL} AS document FROM recovery_message) m "
+            "JOIN recovery_messagesearch d ON d.message_id = m.id ORDER BY m.id"
+        )
+        rows = cur.fetchall()
+    assert rows == [(False, True)] * 5 + [(True, False)]
+
+
+def test_a_selective_search_is_paged_from_its_matches_without_searching_again(
+    client, viewer, corpus
+):
+    """narrow_search's ``unsearched``: the page reads the matching ids with the other filters
+    only (a message's content never changes); the trigram scan runs once per list page."""
+    from django.test.utils import CaptureQueriesContext
+
+    from recovery.search import filters
+
+    form = MessageFilterForm({"q": "acme corp"})
+    assert form.is_valid()
+    others = {**form.cleaned_data, "q": ""}
+    narrowed = filters.narrow_search(
+        form.apply(), form.cleaned_data, filters.apply_filters(Message.objects.all(), others)
+    )
+    assert list(narrowed.values_list("message_id", flat=True)) == ["m2"]
+    assert "ILIKE" not in str(narrowed.query)
+    poisoned = filters.apply_filters(Message.objects.all(), {**others, "status": "poisoned"})
+    assert not filters.narrow_search(form.apply(), form.cleaned_data, poisoned).exists()
+
+    client.force_login(viewer)
+    with CaptureQueriesContext(connection) as ctx:
+        page = client.get("/messages/?q=acme+corp&kind=dead_letter")
+    assert page.status_code == 200 and "m2" in page.content.decode()
+    assert sum("ILIKE" in query["sql"] for query in ctx.captured_queries) == 1
