@@ -55,16 +55,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-BENCH_DB = os.environ.get(
-    "BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/lazarus_bench_ui"
-)
-os.environ["DATABASE_URL"] = BENCH_DB
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
-os.environ.setdefault("SECRET_KEY", "bench-only-" + "x" * 40)
+from bench._django import setup_django  # noqa: E402
 
-import django  # noqa: E402
-
-django.setup()
+BENCH_DB = setup_django("lazarus_bench_ui")
 
 import psycopg  # noqa: E402
 from django.conf import settings  # noqa: E402
