@@ -141,7 +141,11 @@ def search_q(text, readable=None):
     content = _content_q(text)
     if readable is None or readable == Q():
         return content
-    return exact | (readable & content)
+    # exact | (readable & content), written so that the IN stays the outer condition: the
+    # content's union holds the exact arms too (exact implies content), so this is the same
+    # set, and PostgreSQL finds the few candidates by index and checks each one, where an OR
+    # around the IN made it scan the whole store (a team's search at 10M messages).
+    return content & (exact | readable)
 
 
 def _content_q(text):

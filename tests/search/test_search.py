@@ -93,6 +93,31 @@ def test_search_uses_the_trigram_index(corpus):
     assert "Seq Scan on recovery_message" not in plan, plan
 
 
+def test_a_team_members_search_is_found_by_index_not_by_scanning_the_store(corpus):
+    """A team caller searches content only where they may read bodies: that condition must not
+    wrap the search's IN in an OR, which PostgreSQL can only check row by row over the whole
+    store (seconds at 10M messages, bench/ui.py)."""
+    from recovery.models import Membership, Team, TeamScope
+    from recovery.models.teams import Scope
+    from recovery.search.filters import apply_filters
+
+    team = Team.objects.create(name="search team")
+    TeamScope.objects.create(team=team, queue_pattern="orders")
+    member = make_user("searcher", None)
+    Membership.objects.create(team=team, user=member, role="viewer")
+    scope = Scope.of(member)
+    search_index.index_new()
+    queryset = scope.messages(apply_filters(Message.objects.all(), {"q": "acme corp"}, scope))
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute("SET LOCAL enable_seqscan = off")
+        sql, params = queryset.query.sql_with_params()
+        cur.execute("EXPLAIN " + sql, params)
+        plan = "\n".join(row[0] for row in cur.fetchall())
+    assert "Bitmap Index Scan on msgsearch_trgm" in plan, plan
+    assert "Seq Scan on recovery_message " not in plan and "SubPlan" not in plan, plan
+    assert list(queryset.values_list("message_id", flat=True)) == ["m2"]
+
+
 def test_the_message_list_searches(client, viewer, corpus):
     client.force_login(viewer)
     page = client.get("/messages/", {"q": "acme"}).content.decode()
