@@ -117,7 +117,11 @@ def test_bulk_replay_survives_closed_connections_and_a_killed_worker(
     pool = [workers(**fast_takeover), workers(**fast_takeover)]
     started = time.monotonic()
 
-    job = create_job(operator, filters={"queue": "fault.bulk"})
+    # Paced to last about 30 s whatever the machine: the closes (every 2 s, seen through the
+    # management API's listing, which lags by up to 5 s) must reach the worker that takes the
+    # job over too. Unpaced, a quiet machine finished the last two thirds in 9 s with no close
+    # of the new runner's connections (2 closes in all, and the test failed).
+    job = create_job(operator, filters={"queue": "fault.bulk"}, rate=max(1, FAULT_N // 30))
     closer = ConnectionCloser(wired)
     closer.start()
     # Kill only after two forced closes: a fast job must not outrun the disruptions.
