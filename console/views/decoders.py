@@ -16,7 +16,7 @@ def _log(request, action, rule):
         user=request.user,
         action=action,
         via="console",
-        detail={"rule": rule.name, "decoder": rule.decoder, "queue_pattern": rule.queue_pattern},
+        detail=rule.activity_detail(),
     )
 
 

@@ -19,12 +19,7 @@ def _log(request, action, rule):
         user=request.user,
         action=action,
         via="console",
-        detail={
-            "rule": rule.pk,
-            "kind": rule.kind,
-            "pattern": rule.pattern,
-            "team": rule.team.name if rule.team else "",
-        },
+        detail=rule.activity_detail(),
     )
 
 

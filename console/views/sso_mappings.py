@@ -37,7 +37,7 @@ def _log(request, action, mapping):
         user=request.user,
         action=action,
         via="console",
-        detail={"what": str(mapping), "id": mapping.pk},
+        detail=mapping.activity_detail(),
     )
 
 

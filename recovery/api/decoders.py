@@ -14,8 +14,8 @@ from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import generics, serializers
 
 from recovery.api.params import StrictCharField, StrictIntegerField
-from recovery.api.teams import AdminOnly, ByIdCursorPagination, StrictModelSerializer
-from recovery.models import Activity, DecoderRule
+from recovery.api.teams import Logged, StrictModelSerializer
+from recovery.models import DecoderRule
 from recovery.models.decoders import SCHEMA_MAX_BYTES
 
 
@@ -94,34 +94,12 @@ class DecoderRuleSerializer(StrictModelSerializer):
         return attrs
 
 
-class _Logged:
-    permission_classes = [AdminOnly]
-    pagination_class = ByIdCursorPagination
+class _DecoderRules(Logged):
+    # Logged as the console logs the same change (console/views/decoders.py).
     serializer_class = DecoderRuleSerializer
     queryset = DecoderRule.objects.select_related("created_by")
-
-    def _log(self, action, rule):
-        # As the console's Decoders page logs it (console/views/decoders.py).
-        Activity.objects.create(
-            user=self.request.user,
-            action=action,
-            via="api",
-            detail={
-                "rule": rule.name,
-                "decoder": rule.decoder,
-                "queue_pattern": rule.queue_pattern,
-            },
-        )
-
-    def perform_create(self, serializer):
-        self._log("decoder_rule_created", serializer.save(created_by=self.request.user))
-
-    def perform_update(self, serializer):
-        self._log("decoder_rule_changed", serializer.save())
-
-    def perform_destroy(self, instance):
-        self._log("decoder_rule_deleted", instance)
-        instance.delete()
+    noun = "decoder_rule"
+    records_creator = True
 
 
 @extend_schema_view(
@@ -132,7 +110,7 @@ class _Logged:
         "keep their search text until `manage.py index_search --all` runs again.",
     ),
 )
-class DecoderRuleList(_Logged, generics.ListCreateAPIView):
+class DecoderRuleList(_DecoderRules, generics.ListCreateAPIView):
     pass
 
 
@@ -142,5 +120,5 @@ class DecoderRuleList(_Logged, generics.ListCreateAPIView):
     patch=extend_schema(summary="Change a decoder rule (admin)"),
     delete=extend_schema(summary="Remove a decoder rule (admin)"),
 )
-class DecoderRuleDetail(_Logged, generics.RetrieveUpdateDestroyAPIView):
+class DecoderRuleDetail(_DecoderRules, generics.RetrieveUpdateDestroyAPIView):
     pass

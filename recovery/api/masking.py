@@ -9,12 +9,11 @@ from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import generics, serializers
 
 from recovery.api.teams import (
-    AdminOnly,
-    ByIdCursorPagination,
+    Logged,
     StrictModelSerializer,
     StrictTeamField,
 )
-from recovery.models import Activity, MaskRule, Team
+from recovery.models import MaskRule, Team
 
 
 class MaskRuleSerializer(StrictModelSerializer):
@@ -49,35 +48,12 @@ class MaskRuleSerializer(StrictModelSerializer):
         return attrs
 
 
-class _Logged:
-    permission_classes = [AdminOnly]
-    pagination_class = ByIdCursorPagination
+class _MaskRules(Logged):
+    # Logged as the console logs the same change (console/views/masking.py).
     serializer_class = MaskRuleSerializer
     queryset = MaskRule.objects.select_related("team", "created_by")
-
-    def _log(self, action, rule):
-        # As the console's Masking page logs it (console/views/masking.py).
-        Activity.objects.create(
-            user=self.request.user,
-            action=action,
-            via="api",
-            detail={
-                "rule": rule.pk,
-                "kind": rule.kind,
-                "pattern": rule.pattern,
-                "team": rule.team.name if rule.team else "",
-            },
-        )
-
-    def perform_create(self, serializer):
-        self._log("mask_rule_created", serializer.save(created_by=self.request.user))
-
-    def perform_update(self, serializer):
-        self._log("mask_rule_changed", serializer.save())
-
-    def perform_destroy(self, instance):
-        self._log("mask_rule_deleted", instance)
-        instance.delete()
+    noun = "mask_rule"
+    records_creator = True
 
 
 @extend_schema_view(
@@ -89,7 +65,7 @@ class _Logged:
         "labels and samples. The stored bytes are never changed (a replay sends them).",
     ),
 )
-class MaskRuleList(_Logged, generics.ListCreateAPIView):
+class MaskRuleList(_MaskRules, generics.ListCreateAPIView):
     pass
 
 
@@ -99,5 +75,5 @@ class MaskRuleList(_Logged, generics.ListCreateAPIView):
     patch=extend_schema(summary="Change a masking rule (admin)"),
     delete=extend_schema(summary="Remove a masking rule (admin)"),
 )
-class MaskRuleDetail(_Logged, generics.RetrieveUpdateDestroyAPIView):
+class MaskRuleDetail(_MaskRules, generics.RetrieveUpdateDestroyAPIView):
     pass

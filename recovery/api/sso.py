@@ -13,12 +13,11 @@ from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import generics, serializers
 
 from recovery.api.teams import (
-    AdminOnly,
-    ByIdCursorPagination,
+    Logged,
     StrictModelSerializer,
     StrictTeamField,
 )
-from recovery.models import Activity, GroupMapping, Membership, Role, Team
+from recovery.models import GroupMapping, Membership, Role, Team
 
 
 class GroupMappingSerializer(StrictModelSerializer):
@@ -61,30 +60,11 @@ class GroupMappingSerializer(StrictModelSerializer):
         return attrs
 
 
-class _Logged:
-    permission_classes = [AdminOnly]
-    pagination_class = ByIdCursorPagination
+class _Mappings(Logged):
+    # Logged as the console logs the same change (console/views/sso_mappings.py).
     serializer_class = GroupMappingSerializer
     queryset = GroupMapping.objects.select_related("team")
-
-    def _log(self, action, mapping):
-        # As the console's Sign-in page logs it (console/views/sso_mappings.py).
-        Activity.objects.create(
-            user=self.request.user,
-            action=action,
-            via="api",
-            detail={"what": str(mapping), "id": mapping.pk},
-        )
-
-    def perform_create(self, serializer):
-        self._log("sso_mapping_created", serializer.save())
-
-    def perform_update(self, serializer):
-        self._log("sso_mapping_changed", serializer.save())
-
-    def perform_destroy(self, instance):
-        self._log("sso_mapping_deleted", instance)
-        instance.delete()
+    noun = "sso_mapping"
 
 
 @extend_schema_view(
@@ -95,7 +75,7 @@ class _Logged:
         "next sign-in, where the strongest mapped role wins.",
     ),
 )
-class GroupMappingList(_Logged, generics.ListCreateAPIView):
+class GroupMappingList(_Mappings, generics.ListCreateAPIView):
     pass
 
 
@@ -105,5 +85,5 @@ class GroupMappingList(_Logged, generics.ListCreateAPIView):
     patch=extend_schema(summary="Change a sign-in group mapping (admin)"),
     delete=extend_schema(summary="Remove a sign-in group mapping (admin)"),
 )
-class GroupMappingDetail(_Logged, generics.RetrieveUpdateDestroyAPIView):
+class GroupMappingDetail(_Mappings, generics.RetrieveUpdateDestroyAPIView):
     pass

@@ -86,23 +86,33 @@ class ByIdCursorPagination(StrictCursorPagination):
     ordering = ("id",)
 
 
-class _Logged:
-    """Every change to who sees what is an activity row."""
+class Logged:
+    """An admin resource whose every change is an activity row, ``<noun>_created``,
+    ``_changed`` or ``_deleted`` (the console's action names for the same change).
+    ``detail(obj)`` is what the row keeps (the model's ``activity_detail()`` where the console
+    logs the same change); ``records_creator`` saves the caller as the object's ``created_by``."""
 
     permission_classes = [AdminOnly]
     pagination_class = ByIdCursorPagination
     noun = ""
+    records_creator = False
+
+    def detail(self, obj):
+        if hasattr(obj, "activity_detail"):
+            return obj.activity_detail()
+        return {self.noun: str(obj), "id": obj.pk}
 
     def _log(self, verb, obj):
         Activity.objects.create(
             user=self.request.user,
             action=f"{self.noun}_{verb}",
             via="api",
-            detail={self.noun: str(obj), "id": obj.pk},
+            detail=self.detail(obj),
         )
 
     def perform_create(self, serializer):
-        self._log("created", serializer.save())
+        extra = {"created_by": self.request.user} if self.records_creator else {}
+        self._log("created", serializer.save(**extra))
 
     def perform_update(self, serializer):
         self._log("changed", serializer.save())
@@ -116,7 +126,7 @@ class _Logged:
     get=extend_schema(summary="Teams, with their scopes and members (admin)"),
     post=extend_schema(summary="Create a team (admin)"),
 )
-class TeamList(_Logged, generics.ListCreateAPIView):
+class TeamList(Logged, generics.ListCreateAPIView):
     serializer_class = TeamSerializer
     queryset = Team.objects.prefetch_related("scopes", "memberships__user")
     noun = "team"
@@ -128,7 +138,7 @@ class TeamList(_Logged, generics.ListCreateAPIView):
     patch=extend_schema(summary="Rename a team (admin)"),
     delete=extend_schema(summary="Delete a team, its scopes and memberships (admin)"),
 )
-class TeamDetail(_Logged, generics.RetrieveUpdateDestroyAPIView):
+class TeamDetail(Logged, generics.RetrieveUpdateDestroyAPIView):
     serializer_class = TeamSerializer
     queryset = Team.objects.prefetch_related("scopes", "memberships__user")
     noun = "team"
@@ -144,7 +154,7 @@ class TeamDetail(_Logged, generics.RetrieveUpdateDestroyAPIView):
         "`exchange_pattern`. An empty pattern matches nothing; name at least one.",
     ),
 )
-class TeamScopeList(_Logged, generics.ListCreateAPIView):
+class TeamScopeList(Logged, generics.ListCreateAPIView):
     serializer_class = TeamScopeSerializer
     queryset = TeamScope.objects.all()
     noun = "team_scope"
@@ -156,7 +166,7 @@ class TeamScopeList(_Logged, generics.ListCreateAPIView):
     patch=extend_schema(summary="Change a team scope (admin)"),
     delete=extend_schema(summary="Remove a team scope (admin)"),
 )
-class TeamScopeDetail(_Logged, generics.RetrieveUpdateDestroyAPIView):
+class TeamScopeDetail(Logged, generics.RetrieveUpdateDestroyAPIView):
     serializer_class = TeamScopeSerializer
     queryset = TeamScope.objects.all()
     noun = "team_scope"
@@ -170,7 +180,7 @@ class TeamScopeDetail(_Logged, generics.RetrieveUpdateDestroyAPIView):
         "scopes (their global role no longer applies). Admins stay global.",
     ),
 )
-class MembershipList(_Logged, generics.ListCreateAPIView):
+class MembershipList(Logged, generics.ListCreateAPIView):
     serializer_class = MembershipSerializer
     queryset = Membership.objects.select_related("user")
     noun = "membership"
@@ -182,7 +192,7 @@ class MembershipList(_Logged, generics.ListCreateAPIView):
     patch=extend_schema(summary="Change a member's role (admin)"),
     delete=extend_schema(summary="Remove a user from a team (admin)"),
 )
-class MembershipDetail(_Logged, generics.RetrieveUpdateDestroyAPIView):
+class MembershipDetail(Logged, generics.RetrieveUpdateDestroyAPIView):
     serializer_class = MembershipSerializer
     queryset = Membership.objects.select_related("user")
     noun = "membership"

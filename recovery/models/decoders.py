@@ -86,6 +86,10 @@ class DecoderRule(models.Model):
     def __str__(self):
         return self.name
 
+    def activity_detail(self):
+        """What an activity row keeps of a change to this rule (console and API alike)."""
+        return {"rule": self.name, "decoder": self.decoder, "queue_pattern": self.queue_pattern}
+
     def clean(self):
         errors = {}
         unknown = [layer for layer in encodings(self.content_encoding) if layer not in BYTE_LAYERS]

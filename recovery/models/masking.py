@@ -51,6 +51,15 @@ class MaskRule(models.Model):
     def __str__(self):
         return f"{self.get_kind_display()} {self.pattern!r}"
 
+    def activity_detail(self):
+        """What an activity row keeps of a change to this rule (console and API alike)."""
+        return {
+            "rule": self.pk,
+            "kind": self.kind,
+            "pattern": self.pattern,
+            "team": self.team.name if self.team else "",
+        }
+
     def clean(self):
         if any(ord(char) < 32 and char not in "\t" for char in self.pattern):
             raise ValidationError({"pattern": "control characters are not allowed"})

@@ -56,6 +56,10 @@ class GroupMapping(models.Model):
             return f"{self.group} → {self.team_role} in team {self.team}"
         return f"{self.group} → {self.role} (global)"
 
+    def activity_detail(self):
+        """What an activity row keeps of a change to this mapping (console and API alike)."""
+        return {"what": str(self), "id": self.pk}
+
     def clean(self):
         if not self.group.strip():
             raise ValidationError({"group": "name the provider's group"})
