@@ -217,6 +217,36 @@ def tree_rss_mb(pid):
     return max(sizes), sum(sizes)
 
 
+def io_snapshot(pg):
+    """The server's WAL counters (cluster-wide) and, per index of recovery_message in this
+    database, the blocks read from outside shared_buffers: where a bigger store's inserts cost
+    more (issue #34). Counters reach the view when a backend flushes them (at its exit here)."""
+    wal = pg.execute("SELECT wal_records, wal_fpi, wal_bytes FROM pg_stat_wal").fetchone()
+    reads = dict(
+        pg.execute(
+            "SELECT indexrelname, idx_blks_read FROM pg_statio_user_indexes "
+            "WHERE relname = 'recovery_message'"
+        ).fetchall()
+    )
+    reads["(heap)"] = pg.execute(
+        "SELECT coalesce(heap_blks_read, 0) + coalesce(toast_blks_read, 0) "
+        "FROM pg_statio_user_tables WHERE relname = 'recovery_message'"
+    ).fetchone()[0]
+    return {"wal": wal, "reads": reads}
+
+
+def io_report(before, after, n):
+    """Per message: WAL bytes, full-page images, blocks read (the three biggest indexes)."""
+    records, fpi, size = (b - a for a, b in zip(before["wal"], after["wal"], strict=True))
+    reads = {k: v - before["reads"].get(k, 0) for k, v in after["reads"].items()}
+    top = sorted(reads.items(), key=lambda item: -item[1])[:3]
+    return (
+        f"WAL {size / n:,.0f} B ({fpi / n:.2f} full pages) per message; blocks read from outside "
+        f"shared_buffers {sum(reads.values()) / n:.2f} per message, most: "
+        + ", ".join(f"{name} {count / n:.2f}" for name, count in top)
+    )
+
+
 def drain(vhost, n, args, sample_rss=False, stored=None):
     """Drain N dead letters with one collector; returns (rate msg/s, rss samples, cpu report).
 
@@ -234,6 +264,7 @@ def drain(vhost, n, args, sample_rss=False, stored=None):
         pg.execute("TRUNCATE recovery_message RESTART IDENTITY CASCADE")
         pg.execute("VACUUM ANALYZE recovery_message")
     backends = BackendCpu(pg, "lazarus-collector")
+    io_before = io_snapshot(pg)
     samples = []
     log_path = ROOT / "var" / f"bench-collector-{os.getpid()}.log"
     if args.in_process:
@@ -300,11 +331,14 @@ def drain(vhost, n, args, sample_rss=False, stored=None):
         }
     finally:
         stop()
+        time.sleep(1.5)  # the backends' last counters
+        cpu_io = io_report(io_before, io_snapshot(pg), n)
         if stored:
             pg.execute("DELETE FROM recovery_message WHERE id > %s", [base])
         pg.close()
         if amqp.is_open:
             amqp.close()
+    cpu["io"] = cpu_io
     return rate, samples, cpu
 
 
@@ -499,7 +533,8 @@ def stored_against_empty(vhost, args):
             print(
                 f"  into {'the empty store' if stored is None else f'{held} stored'}: "
                 f"{rates[which]:9.0f} msg/s  (CPU per message: "
-                f"collector {cpu['collector']:.0f} us, PostgreSQL {cpu['postgres']:.0f} us)",
+                f"collector {cpu['collector']:.0f} us, PostgreSQL {cpu['postgres']:.0f} us)\n"
+                f"    {cpu['io']}",
                 flush=True,
             )
         ratios.append(rates["stored"] / rates["empty"])

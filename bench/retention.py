@@ -1,6 +1,6 @@
 """Retention while the collector drains a flood, on a big store (issue #34).
 
-    BENCH_DATABASE_URL=... .venv/bin/python bench/retention.py [--expire 100000] [--flood 30000]
+    BENCH_DATABASE_URL=... .venv/bin/python bench/retention.py [--expire 600000] [--flood 30000]
                                                              [--rounds 3]
 
 Needs a loaded store: the database `bench/ui.py N` loads (BENCH_DATABASE_URL, default
@@ -58,14 +58,31 @@ SELECT pg_relation_size('recovery_message'),
 """
 
 
-def cutoffs(pg, rounds):
+def cutoffs(pg, rounds, expire=None):
     """The retention cutoffs of the rounds: time passes over the store's replayed and discarded
-    messages (their last change spread over the days the loader wrote) in ``rounds`` equal
-    steps, each deleting about 1/rounds of them. (Moving retention's clock, not the rows: an
-    UPDATE that ages rows would itself bloat the table this measures.)"""
+    messages (their last change spread over the days the loader wrote). Without ``expire``, in
+    ``rounds`` equal steps of time, each deleting about 1/rounds of them; with it, each round's
+    cutoff is the last change of the next ``expire`` oldest, so each round deletes ``expire``.
+    (Moving retention's clock, not the rows: an UPDATE that ages rows would itself bloat the
+    table this measures.)"""
+    done = "status IN ('replayed', 'discarded')"
+    if expire:
+        held = pg.execute(f"SELECT count(*) FROM recovery_message WHERE {done}").fetchone()[0]
+        if expire * rounds > held:
+            raise SystemExit(
+                f"{rounds} rounds of {expire:,} need {expire * rounds:,} replayed or discarded "
+                f"messages; the store holds {held:,}"
+            )
+        return [
+            pg.execute(
+                f"SELECT updated_at FROM recovery_message WHERE {done} "
+                "ORDER BY updated_at OFFSET %s LIMIT 1",
+                (expire * k,),
+            ).fetchone()[0]
+            for k in range(1, rounds + 1)
+        ]
     oldest, newest = pg.execute(
-        "SELECT min(updated_at), max(updated_at) FROM recovery_message "
-        "WHERE status IN ('replayed', 'discarded')"
+        f"SELECT min(updated_at), max(updated_at) FROM recovery_message WHERE {done}"
     ).fetchone()
     step = (newest - oldest) / rounds
     return [oldest + step * k for k in range(1, rounds + 1)]
@@ -203,6 +220,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--flood", type=int, default=30_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--expire",
+        type=int,
+        default=None,
+        help="messages each round's retention deletes (default: 1/rounds of the replayed and "
+        "discarded ones)",
+    )
     parser.add_argument("--batch", type=int, default=BATCH, help=f"retention's (default {BATCH})")
     parser.add_argument(
         "--autovacuum",
@@ -219,7 +243,7 @@ def main():
     pg.execute(f"ALTER TABLE recovery_message RESET ({RESET})")
     if args.autovacuum != "default":
         pg.execute(f"ALTER TABLE recovery_message SET ({AUTOVACUUM[args.autovacuum]})")
-    rounds = cutoffs(pg, args.rounds)
+    rounds = cutoffs(pg, args.rounds, args.expire)
     # A server with autovacuum off (this project's CI PostgreSQL: conf.d/90-ci.conf) never
     # reclaims the deleted rows, so the table would grow whatever retention does: there the
     # bench vacuums after each round, as autovacuum would with the recommended settings, and

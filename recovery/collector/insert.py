@@ -1,8 +1,10 @@
 """StoreRows into the store, exactly once: binary COPY into a temporary staging table, then one
-``INSERT ... ON CONFLICT (fingerprint) DO NOTHING`` (a redelivery has the same fingerprint and is
-skipped), all in one transaction the caller acks after."""
+``INSERT ... ON CONFLICT DO NOTHING`` on the store's unique key (``FINGERPRINT_KEY``: a redelivery
+has the same fingerprint and death time, and is skipped), all in one transaction the caller acks
+after."""
 
 from recovery.collector.rows import ROW_COLUMNS
+from recovery.models.store import FINGERPRINT_KEY
 
 # The JSON columns travel as text and become jsonb in the INSERT: PostgreSQL parses them either
 # way, and a text column needs no Python-side jsonb dumper per value (a few % of a drain).
@@ -38,7 +40,7 @@ INSERT INTO recovery_message ({_COLUMNS}, collected_at, updated_at)
 SELECT {", ".join(_staged(c) for c in ROW_COLUMNS)}, now(), now()
 FROM recovery_message_stage s
 LEFT JOIN recovery_message o ON o.id = s.origin_id
-ON CONFLICT (fingerprint) DO NOTHING
+ON CONFLICT ({FINGERPRINT_KEY}) DO NOTHING
 """
 
 

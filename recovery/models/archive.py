@@ -32,7 +32,7 @@ from pathlib import Path
 from django.db import connection, transaction
 from django.utils import timezone
 
-from recovery.models.store import Message
+from recovery.models.store import FINGERPRINT_KEY, NO_DEATH_TIME, Message
 
 FORMAT = 1
 
@@ -231,11 +231,7 @@ def import_rows(rows, batch=IMPORT_BATCH, touch=False) -> dict:
 
 def _import_chunk(rows, counts):
     with transaction.atomic():
-        there = set(
-            Message.objects.filter(fingerprint__in=[r["fingerprint"] for r in rows]).values_list(
-                "fingerprint", flat=True
-            )
-        )
+        there = _stored_fingerprints(rows)
         fresh, seen = [], set()
         for row in rows:
             if row["fingerprint"] in there or row["fingerprint"] in seen:
@@ -263,6 +259,21 @@ def _import_chunk(rows, counts):
         counts["imported"] += _insert(fresh)
 
 
+def _stored_fingerprints(rows):
+    """The fingerprints of ``rows`` already in the store, looked up by the store's unique key
+    (FINGERPRINT_KEY, led by the death time: a lookup by fingerprint alone has no index)."""
+    with connection.cursor() as cur:
+        cur.execute(
+            f"SELECT fingerprint FROM recovery_message WHERE ({FINGERPRINT_KEY}) IN "
+            "(SELECT * FROM unnest(%s::timestamptz[], %s::text[]))",
+            [
+                [r["last_death_at"] or NO_DEATH_TIME for r in rows],
+                [r["fingerprint"] for r in rows],
+            ],
+        )
+        return {fingerprint for (fingerprint,) in cur.fetchall()}
+
+
 def _insert(rows) -> int:
     columns = [c for c in COLUMNS if c != "id"]
     placeholders = ", ".join("%s::jsonb" if c in JSONB else "%s" for c in columns)
@@ -278,7 +289,7 @@ def _insert(rows) -> int:
                     f"VALUES (%s, {placeholders})"
                 )
                 values = [row["id"], *values]
-            cur.execute(sql + " ON CONFLICT (fingerprint) DO NOTHING", values)
+            cur.execute(f"{sql} ON CONFLICT ({FINGERPRINT_KEY}) DO NOTHING", values)
             inserted += cur.rowcount
     return inserted
 

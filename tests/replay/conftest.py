@@ -71,10 +71,10 @@ def store(rows):
     found = {}
     for start in range(0, len(fingerprints), 10000):
         chunk = fingerprints[start : start + 10000]
+        # (No in_bulk: the fingerprint is unique only with its death time, FINGERPRINT_KEY.)
         found.update(
-            Message.objects.filter(fingerprint__in=chunk)
-            .defer("body")
-            .in_bulk(field_name="fingerprint")
+            (message.fingerprint, message)
+            for message in Message.objects.filter(fingerprint__in=chunk).defer("body")
         )
     return [found[f] for f in fingerprints]
 
