@@ -441,6 +441,14 @@ SEARCH_INDEX_MAX_DEFER_SECONDS = env_float("SEARCH_INDEX_MAX_DEFER_SECONDS", 60.
 REPLAY_CONFIRM_TIMEOUT_SECONDS = env_float("REPLAY_CONFIRM_TIMEOUT_SECONDS", 30.0)
 POISON_THRESHOLD = env_int("POISON_THRESHOLD", 3, minimum=1)
 RETENTION_DAYS = env_int("RETENTION_DAYS", 30, minimum=1)
+# Retention is housekeeping: it works at most this share of its run's time and pauses the rest,
+# so the collector and the pages keep the machine (recovery.models.retention; at 10M stored,
+# deleting at full speed left a collector draining a flood 0.55 of its rate: docs/big-store.md).
+RETENTION_DUTY = env_float("RETENTION_DUTY", 0.25)
+if not 0 < RETENTION_DUTY <= 1:
+    raise ImproperlyConfigured(f"RETENTION_DUTY={RETENTION_DUTY} is not in (0, 1]")
+# A run stops after this long and the next hourly run goes on, so runs never pile up.
+RETENTION_BUDGET_SECONDS = env_int("RETENTION_BUDGET_SECONDS", 45 * 60, minimum=1)
 # What was done to each message (recovery.models.history) outlives the message: kept this long.
 HISTORY_DAYS = env_int("HISTORY_DAYS", 400, minimum=1)
 # Where retention writes what it deletes first (gzip JSON Lines, one file per vhost and day:
