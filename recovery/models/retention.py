@@ -30,6 +30,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from recovery.models import archive
@@ -109,20 +110,27 @@ class _Pace:
 def _delete_expired_messages(cutoff, days, batch, now, result, pace):
     """Deletes in batches until none is left (False) or the budget is spent (True)."""
     archive_dir = settings.RETENTION_ARCHIVE_DIR
-    expired = (
-        Message.objects.filter(
-            status__in=(Status.REPLAYED, Status.DISCARDED), updated_at__lt=cutoff
-        )
-        .exclude(job_items__state=ReplayJobItem.State.CLAIMED)
-        .order_by()
-    )
+    expired = Message.objects.filter(
+        status__in=(Status.REPLAYED, Status.DISCARDED), updated_at__lt=cutoff
+    ).exclude(job_items__state=ReplayJobItem.State.CLAIMED)
+    # Oldest change first, by msg_expirable, each batch picked after the last one's key: never
+    # walking again over what the batches before deleted (or kept: a claimed message, one
+    # changed meanwhile) in this run.
+    after = Q()
     while True:
         if pace.over:
-            return expired.exists()
+            return expired.filter(after).exists()
         started = time.monotonic()
-        ids = list(expired.values_list("pk", flat=True)[:batch])
-        if not ids:
+        picked = list(
+            expired.filter(after)
+            .order_by("updated_at", "pk")
+            .values_list("pk", "updated_at")[:batch]
+        )
+        if not picked:
             return False
+        last_pk, last_at = picked[-1]
+        after = Q(updated_at__gt=last_at) | Q(updated_at=last_at, pk__gt=last_pk)
+        ids = [pk for pk, _at in picked]
         archived = None
         if archive_dir:
             # On disk (fsynced) before the rows are locked: a failure deletes nothing.

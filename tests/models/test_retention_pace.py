@@ -70,3 +70,36 @@ def test_a_run_stops_at_its_budget_and_the_next_one_goes_on(clock):
     second = apply_retention(days=30, batch=2, duty=0.25, budget_seconds=12)
     assert (second["messages"], second["more"]) == (2, False)
     assert Message.objects.count() == 0
+
+
+def test_it_deletes_the_oldest_changes_first_batch_after_batch(clock):
+    """Batches follow msg_expirable's order (last change, then id), each after the last one's
+    key: a run cut short by its budget has deleted the oldest expired messages."""
+    messages = store([dead_letter_row("pace.order") for _ in range(5)])
+    now = timezone.now()
+    ages = [35, 31, 40, 33, 38]  # days since each one's last change
+    for message, days in zip(messages, ages, strict=True):
+        Message.objects.filter(pk=message.pk).update(
+            status=Status.DISCARDED, updated_at=now - datetime.timedelta(days=days)
+        )
+    # One batch of 2 fits in the budget (3 readings and a 3-second pause), the second does not.
+    result = apply_retention(days=30, now=now, batch=2, duty=0.25, budget_seconds=6)
+    assert (result["messages"], result["more"]) == (2, True)
+    left = set(Message.objects.values_list("pk", flat=True))
+    assert left == {messages[i].pk for i in (0, 1, 3)}  # the 40- and 38-day-old ones went
+    apply_retention(days=30, now=now, batch=2, duty=0.25, budget_seconds=3600)
+    assert not Message.objects.exists()
+
+
+def test_the_pick_reads_the_expirable_index(clock):
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("SET enable_seqscan = off")
+        cur.execute(
+            "EXPLAIN SELECT id FROM recovery_message WHERE status IN ('replayed', 'discarded') "
+            "AND updated_at < now() ORDER BY updated_at, id LIMIT 500"
+        )
+        plan = "\n".join(row[0] for row in cur.fetchall())
+        cur.execute("RESET enable_seqscan")
+    assert "msg_expirable" in plan
