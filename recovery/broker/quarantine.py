@@ -19,6 +19,7 @@ acks the quarantined copy only once the broker confirmed the new one: it is neve
 import dataclasses
 import hashlib
 import json
+import time
 
 import pika
 from django.conf import settings
@@ -109,10 +110,23 @@ def _taking(vhost, visit, limit=BROWSE_LIMIT):
                 break
         if seen:
             channel.basic_nack(delivery_tag=0, multiple=True, requeue=True)
+            _until_requeued(channel, queue, depth - (1 if done else 0))
         return done, seen, depth
     finally:
         if connection.is_open:
             connection.close()
+
+
+def _until_requeued(channel, queue, expected, timeout=2.0):
+    """Return once the given-back messages are ready again (the queue's depth is back to
+    ``expected``), at most ``timeout`` seconds. A nack has no reply and the broker requeues
+    after it: without this, a second look right after the first (a refresh, the next request)
+    could find the queue empty for a moment and show an empty quarantine."""
+    deadline = time.monotonic() + timeout
+    while channel.queue_declare(queue, passive=True).method.message_count < expected:
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(0.02)
 
 
 def browse(vhost, limit=BROWSE_LIMIT):
