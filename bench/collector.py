@@ -217,6 +217,15 @@ def tree_rss_mb(pid):
     return max(sizes), sum(sizes)
 
 
+def identity_last_value(pg):
+    """The last id recovery_message's identity handed out: the next stored row is above it.
+    (Not max(id): ids an earlier round stored and deleted again are not reused.)"""
+    sequence = pg.execute("SELECT pg_get_serial_sequence('recovery_message', 'id')").fetchone()[0]
+    return pg.execute(
+        f"SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM {sequence}"
+    ).fetchone()[0]
+
+
 def io_snapshot(pg):
     """The server's WAL counters (cluster-wide) and, per index of recovery_message in this
     database, the blocks read from outside shared_buffers: where a bigger store's inserts cost
@@ -254,11 +263,8 @@ def drain(vhost, n, args, sample_rss=False, stored=None):
     that store as it is, the drained rows deleted again afterwards (not vacuumed: a VACUUM
     would read every index of the big table for them)."""
     pg = psycopg.connect(stored or BENCH_DB, autocommit=True)
-    if stored:  # the identity's last value: ids deleted after an earlier round are not reused
-        base = pg.execute(
-            "SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM "
-            + pg.execute("SELECT pg_get_serial_sequence('recovery_message', 'id')").fetchone()[0]
-        ).fetchone()[0]
+    if stored:
+        base = identity_last_value(pg)
     else:
         base = 0
         pg.execute("TRUNCATE recovery_message RESTART IDENTITY CASCADE")

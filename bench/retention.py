@@ -106,12 +106,7 @@ def drain_flood(vhost, n, during=None):
     ``during`` runs in a thread from the first stored row on. Returns (rate, during's result)."""
     pg = psycopg.connect(BENCH_DB, autocommit=True)
     drain_bench.fill(vhost, n)
-    # The identity's last value, not max(id): ids an earlier bench inserted and deleted above
-    # the newest row are not reused.
-    before = pg.execute(
-        "SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM "
-        + pg.execute("SELECT pg_get_serial_sequence('recovery_message', 'id')").fetchone()[0]
-    ).fetchone()[0]
+    before = drain_bench.identity_last_value(pg)
     args = SimpleNamespace(prefetch=None, batch=None, processes=None, as_run=False)
     log_path = ROOT / "var" / f"bench-retention-{os.getpid()}.log"
     worker = drain_bench.start_worker(vhost, args, log_path)
