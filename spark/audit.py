@@ -168,7 +168,9 @@ def audit_frames(
         rolled = rollup.rolled(
             facts, producer_raw, consumer_raw, store, day_start_ms, grace_ms, now_ms
         )
-    by_key, overall = metrics.nearest_rank_quantiles(metrics.latency_histogram(rolled).toArrow())
+    by_key, overall = metrics.nearest_rank_quantiles(
+        metrics.histogram_rows(metrics.latency_histogram(rolled).toArrow())
+    )
     malformed_by_hour, hours, gaps = _input_frames(spark, facts, day_start_ms)
     provenance = log_facts.local_frame(spark, facts.provenance, log_facts.PROVENANCE_COLUMNS)
     return {

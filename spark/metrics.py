@@ -4,13 +4,18 @@ Definitions of every metric are in the docstring of ``spark/transforms.py``. The
 of each output function is the output's schema contract.
 
 The pairs are rolled up ONCE (``rollup``): additive counts per window x exchange x group x
-primary x latency, plus one row per pair or orphan line the evidence lists. Every output reads
-that frame, so the job persists it instead of the pairs; it is small (latencies are whole
-milliseconds, evidence is the exception). Latency percentiles are exact nearest-rank values
+primary x latency bucket, plus one row per pair or orphan line the evidence lists. Every output
+reads that frame, so the job persists it instead of the pairs; it is small (evidence is the
+exception). Latencies are rolled up ``LATENCY_SLOTS`` milliseconds at a time: a row's
+``latency_ms`` is the first millisecond of its bucket and ``SLOT_COLUMNS`` count its pairs at
+each millisecond of the bucket, so the rollup stays exact to the millisecond with
+``LATENCY_SLOTS`` times fewer keys than one per millisecond (a day's partial rollup was ~240k
+keys per task, the main pass's costliest part). Latency percentiles are exact nearest-rank values
 (the latency at rank ceil(p x n) of the n non-negative ones) read off the latency histogram,
-which holds at most one entry per key and millisecond of (1 h + grace), the longest on-time
-latency: it is collected once (Arrow) and walked on the driver in integer arithmetic, for the
-windows and the totals alike; the ratios stay in Spark SQL.
+which holds at most one entry per key and bucket of (1 h + grace), the longest on-time
+latency: it is collected once (Arrow), spread back to one entry per millisecond
+(``histogram_rows``) and walked on the driver in integer arithmetic, for the windows and the
+totals alike; the ratios stay in Spark SQL.
 
 Expressions are SQL text: each costs one round trip to the JVM, where a column built from
 Python calls costs one per operator, and an audit builds a few thousand of them.
@@ -101,6 +106,11 @@ DUP_TOTAL = "(" + " + ".join(f"dup_{cause}" for cause in DUP_CAUSES) + ")"
 CONFIRMED = PUBLISH_STATES.index("confirmed")
 
 
+# Milliseconds per latency bucket of the rollup, and the columns counting its pairs at each.
+LATENCY_SLOTS = 8
+SLOT_COLUMNS = tuple(f"latency_slot_{i}" for i in range(LATENCY_SLOTS))
+
+
 def _final(grace_ms: int, now_ms: int) -> str:
     return f"(window_ms + {HOUR_MS + grace_ms} <= {now_ms})"
 
@@ -109,6 +119,8 @@ def rollup(facts: DataFrame, grace_ms: int, now_ms: int, carry: tuple[str, ...] 
     """Classified pairs and orphan lines (``transforms.with_key_names``) -> additive counts per
     (window_ms, exchange, group_hash, primary, orphan, latency_ms, evidence). ``evidence`` is
     null except on the pairs and lines the evidence tables list, which keep a row each.
+    ``latency_ms`` is the pair's latency rounded down to a multiple of ``LATENCY_SLOTS``
+    (null when it has none); ``SLOT_COLUMNS`` count the pairs at each millisecond of it.
     Input gaps depend on (window, group) only: ``transforms.mark_gaps`` marks the rolled rows.
     The ``carry`` columns are grouping keys too."""
     listed_lost = f"(NOT orphan AND unaccounted AND {_final(grace_ms, now_ms)})"
@@ -129,10 +141,21 @@ def rollup(facts: DataFrame, grace_ms: int, now_ms: int, carry: tuple[str, ...] 
         + ", ".join(f"'{f}', {f}" for f in fields)
         + f", 'lost', {listed_lost}, 'unclaimed', {listed_unclaimed}) END AS evidence"
     )
-    keys = ["window_ms", "exchange", "group_hash", "primary", "orphan", "latency_ms", *carry]
+    keys = [
+        "window_ms",
+        "exchange",
+        "group_hash",
+        "primary",
+        "orphan",
+        F.expr("latency_ms - latency_slot AS latency_ms"),
+        *carry,
+    ]
     # The key a group consumed without any binding naming it: what observation learns from.
     unbound_key = F.expr("CASE WHEN unbound THEN routing_key END AS unbound_routing_key")
-    return facts.groupBy(*keys, F.expr(evidence), unbound_key).agg(
+    slotted = facts.withColumn(
+        "latency_slot", F.expr(f"CAST(pmod(latency_ms, {LATENCY_SLOTS}) AS int)")
+    )
+    return slotted.groupBy(*keys, F.expr(evidence), unbound_key).agg(
         *sql_exprs(
             "count(1) AS pairs",
             "sum(attempts) AS attempts",
@@ -152,6 +175,7 @@ def rollup(facts: DataFrame, grace_ms: int, now_ms: int, carry: tuple[str, ...] 
             *[f"sum(dup_{cause}) AS dup_{cause}" for cause in DUP_CAUSES],
             "sum(late_deliveries) AS late_deliveries",
             "sum(lines) AS lines",
+            *[f"count_if(latency_slot = {i}) AS {c}" for i, c in enumerate(SLOT_COLUMNS)],
         )
     )
 
@@ -174,6 +198,12 @@ def _pair_counts(final: str, sla_ms: int) -> list[str]:
 
     Percentiles come from ``nearest_rank_quantiles``."""
     on_clock = _sum("pairs", "latency_ms >= 0")
+    # The pairs of a row's bucket at most sla_ms late, and its latest millisecond with a pair.
+    within_sla = " + ".join(
+        f"CASE WHEN latency_ms >= 0 AND latency_ms + {i} <= {sla_ms} THEN {c} ELSE 0 END"
+        for i, c in enumerate(SLOT_COLUMNS)
+    )
+    latest = ", ".join(f"CASE WHEN {c} > 0 THEN {i} END" for i, c in enumerate(SLOT_COLUMNS))
     return [
         *[
             f"sum({name}) AS {name}"
@@ -195,19 +225,35 @@ def _pair_counts(final: str, sla_ms: int) -> list[str]:
         f"{_sum('unaccounted', f'NOT {final}')} AS pending",
         f"sum({DUP_TOTAL}) AS dup_deliveries",
         f"{_sum('pairs', 'latency_ms < 0')} AS clock_skew",
-        f"try_divide({_sum('pairs', f'latency_ms BETWEEN 0 AND {sla_ms}')}, {on_clock})"
-        " AS within_sla_share",
-        "max(CASE WHEN latency_ms >= 0 THEN latency_ms END) AS latency_max_ms",
+        f"try_divide(sum({within_sla}), {on_clock}) AS within_sla_share",
+        f"max(CASE WHEN latency_ms >= 0 THEN latency_ms + greatest({latest}) END)"
+        " AS latency_max_ms",
     ]
 
 
 def latency_histogram(rolled: DataFrame) -> DataFrame:
-    """Pairs per ``QUANTILE_KEYS`` x non-negative ``latency_ms`` (``n``): what the percentiles
-    are read off. At most one row per key and millisecond of (1 h + grace)."""
+    """Pairs per ``QUANTILE_KEYS`` x non-negative latency bucket (``latency_ms``, its first
+    millisecond) at each of its milliseconds (``SLOT_COLUMNS``): what the percentiles are read
+    off (``histogram_rows``). At most one row per key and bucket of (1 h + grace)."""
     return (
         rolled.where("NOT orphan AND latency_ms >= 0")
         .groupBy(*QUANTILE_KEYS, "latency_ms")
-        .agg(F.expr("sum(pairs) AS n"))
+        .agg(*sql_exprs(*[f"sum({c}) AS {c}" for c in SLOT_COLUMNS]))
+    )
+
+
+def histogram_rows(buckets: pa.Table) -> pa.Table:
+    """``latency_histogram`` rows (collected) -> one row per key and millisecond with pairs:
+    (*``QUANTILE_KEYS``, latency_ms, n), what ``nearest_rank_quantiles`` reads."""
+    rows = buckets.num_rows
+    counts = np.stack([buckets.column(c).to_numpy() for c in SLOT_COLUMNS], axis=1).reshape(-1)
+    row = np.repeat(np.arange(rows), LATENCY_SLOTS)
+    start = np.repeat(buckets.column("latency_ms").to_numpy(), LATENCY_SLOTS)
+    latency = start + np.tile(np.arange(LATENCY_SLOTS), rows)
+    some = counts > 0
+    spread = buckets.select(list(QUANTILE_KEYS)).take(pa.array(row[some]))
+    return spread.append_column("latency_ms", pa.array(latency[some], pa.int64())).append_column(
+        "n", pa.array(counts[some], pa.int64())
     )
 
 
@@ -225,7 +271,7 @@ def _nearest_ranks(latency: np.ndarray, n: np.ndarray, starts: np.ndarray) -> li
 
 
 def nearest_rank_quantiles(histogram: pa.Table) -> tuple[list[tuple], tuple]:
-    """``latency_histogram`` rows (collected) -> the exact nearest-rank percentiles: rows
+    """``histogram_rows`` -> the exact nearest-rank percentiles: rows
     (*``QUANTILE_KEYS``, p50, p95, p99) per key, and (p50, p95, p99) over every key."""
     if histogram.num_rows == 0:
         return [], (None,) * len(QUANTILES)

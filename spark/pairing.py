@@ -103,16 +103,24 @@ class _Bits:
         return f"coalesce(CASE {cases} END, false)"
 
 
+def _silent_bits(bits: _Bits, bit_groups: list[str], empty: str) -> str:
+    """SQL: the bits of the expected groups that logged no line (an array of int); ``empty``
+    when there are no groups at all."""
+    if not bit_groups:
+        return empty
+    return (
+        f"filter(sequence(0, {len(bit_groups) - 1}), "
+        f"i -> {bits.expected('i')} AND {bits.unseen('i')})"
+    )
+
+
 def _silent_groups(bits: _Bits, bit_groups: list[str], one, empty: str) -> str:
     """SQL: ``one(<the group's hash>)`` (an expression of the bit ``i``) for each expected group
     that logged no line; ``empty`` when there are no groups at all."""
     if not bit_groups:
         return empty
     names = sql_literal(bit_groups, "array<string>")
-    silent_bits = (
-        f"filter(sequence(0, {len(bit_groups) - 1}), "
-        f"i -> {bits.expected('i')} AND {bits.unseen('i')})"
-    )
+    silent_bits = _silent_bits(bits, bit_groups, empty)
     return f"transform({silent_bits}, i -> {one(f'xxhash64(element_at({names}, i + 1))')})"
 
 
@@ -220,13 +228,32 @@ def exact_facts(messages: DataFrame) -> list[str]:
     return [*EXACT_FACTS, *bits]
 
 
-def _pair(**values: str) -> str:
-    """SQL: a pair's own fields (``PAIR_FIELDS``) as a struct; absent ones are null."""
-    fields = ", ".join(
-        f"'{name}', CAST({values.get(name, 'NULL')} AS {sql_type})"
-        for name, sql_type in PAIR_FIELDS
-    )
-    return f"named_struct({fields})"
+# What a row of ``message_pairs`` is, by the index its message's array gives it: the pair of
+# the group that logged its lines, the null group of a message nobody was expected to receive
+# and nobody logged, the one row of a message the fold leaves to the exact path; an index >= 0
+# is the silent expected group of that bit.
+LOGGED, NOBODY, UNFOLDED = -1, -2, -3
+
+
+def _pair_fields(logged: dict[str, str], silent: dict[str, str], nobody: dict[str, str]) -> list:
+    """SQL: each of ``PAIR_FIELDS`` as a column of the row's ``pair`` index: the ``logged``,
+    ``silent`` (of bit ``pair``) or ``nobody`` expression for it; null when absent and on the
+    unfolded rows."""
+
+    def field(name: str, sql_type: str) -> str:
+        cases = [
+            (f"pair = {LOGGED}", logged.get(name)),
+            ("pair >= 0", silent.get(name)),
+            (f"pair = {NOBODY}", nobody.get(name)),
+        ]
+        whens = " ".join(f"WHEN {when} THEN {value}" for when, value in cases if value)
+        return (
+            f"CAST(CASE {whens} END AS {sql_type}) AS {name}"
+            if whens
+            else (f"CAST(NULL AS {sql_type}) AS {name}")
+        )
+
+    return [field(name, sql_type) for name, sql_type in PAIR_FIELDS]
 
 
 def message_pairs(
@@ -238,6 +265,10 @@ def message_pairs(
     the deadline) is one row with the facts the exact path needs in ``exact``
     (``EXACT_FACTS``, ``seen_w``, ``expected_w``) and null pair fields; the rows of the others
     have a null ``exact``.
+
+    A message's rows are the explode of an array of small integers (``LOGGED``, ``NOBODY``,
+    ``UNFOLDED`` or a silent group's bit), most often one; each pair field is then an
+    expression of that index (no array of structs per message to build and take apart).
 
     ``messages``: ``with_expected(per_message(...))``; ``bit_groups``: the names of the bits.
     """
@@ -253,64 +284,68 @@ def message_pairs(
     in_day = f"window_ms >= {day_start_ms} AND window_ms < {day_end_ms}"
     # Orphan lines count only in the day; a message with none there has nothing to check.
     orphan = f"first_ts IS NULL AND first_line_ts < {day_end_ms} AND last_line_ts >= {day_start_ms}"
-    logged = _pair(
-        group_hash="min_group_hash",
-        primary=f"CASE WHEN {bits.any_expected()} THEN {bits.is_first_expected('bit')} "
+    logged = {
+        "group_hash": "min_group_hash",
+        "primary": f"CASE WHEN {bits.any_expected()} THEN {bits.is_first_expected('bit')} "
         "ELSE true END",
-        expected=bits.expected("bit"),
-        deliveries=f"CASE WHEN {on_time} THEN line_count ELSE 0 END",
-        redelivered=f"CASE WHEN {on_time} THEN redelivered ELSE 0 END",
-        late_deliveries=f"CASE WHEN {on_time} THEN 0 ELSE line_count END",
-        first_consumed_ts=f"CASE WHEN {on_time} THEN first_consumed_ts END",
-        last_consumed_ts=f"CASE WHEN {on_time} THEN last_consumed_ts END",
-        lines="line_count",
-        unbound=bits.unbound("bit"),
-    )
-    empty = f"CAST(array() AS array<struct<{', '.join(f'{n}:{t}' for n, t in PAIR_FIELDS)}>>)"
+        "expected": bits.expected("bit"),
+        "deliveries": f"CASE WHEN {on_time} THEN line_count ELSE 0 END",
+        "redelivered": f"CASE WHEN {on_time} THEN redelivered ELSE 0 END",
+        "late_deliveries": f"CASE WHEN {on_time} THEN 0 ELSE line_count END",
+        "first_consumed_ts": f"CASE WHEN {on_time} THEN first_consumed_ts END",
+        "last_consumed_ts": f"CASE WHEN {on_time} THEN last_consumed_ts END",
+        "lines": "line_count",
+        "unbound": bits.unbound("bit"),
+    }
     # As many lines as the exact path's join rows: the message's lines, or its one row.
-    silent = _silent_groups(
-        bits,
-        bit_groups,
-        lambda name: _pair(
-            group_hash=name,
-            primary=bits.is_first_expected("i"),
-            expected="true",
-            deliveries="0",
-            redelivered="0",
-            late_deliveries="0",
-            lines="greatest(line_count, 1)",
-            unbound="false",
-        ),
-        empty,
-    )
-    nobody = _pair(
-        primary="true",
-        expected="false",
-        deliveries="0",
-        redelivered="0",
-        late_deliveries="0",
-        lines="1",
-        unbound="false",
+    silent = {
+        "group_hash": f"xxhash64(element_at({sql_literal(bit_groups, 'array<string>')}, pair + 1))"
+        if bit_groups
+        else None,
+        "primary": bits.is_first_expected("pair"),
+        "expected": "true",
+        "deliveries": "0",
+        "redelivered": "0",
+        "late_deliveries": "0",
+        "lines": "greatest(line_count, 1)",
+        "unbound": "false",
+    }
+    nobody = {
+        "primary": "true",
+        "expected": "false",
+        "deliveries": "0",
+        "redelivered": "0",
+        "late_deliveries": "0",
+        "lines": "1",
+        "unbound": "false",
+    }
+    empty = "CAST(array() AS array<int>)"
+    silent_bits = _silent_bits(bits, bit_groups, empty)
+    indexes = (
+        f"CASE WHEN NOT ({folded}) THEN array({UNFOLDED}) "
+        f"WHEN line_count > 0 AND NOT ({bits.any_silent()}) THEN array({LOGGED}) "
+        f"ELSE concat(CASE WHEN line_count > 0 THEN array({LOGGED}) ELSE {empty} END, "
+        f"CASE WHEN {bits.any_silent()} THEN {silent_bits} ELSE {empty} END, "
+        f"CASE WHEN line_count = 0 AND NOT ({bits.any_expected()}) THEN array({NOBODY}) "
+        f"ELSE {empty} END) END"
     )
     exact = "named_struct(" + ", ".join(f"'{c}', {c}" for c in exact_facts(messages)) + ")"
-    pairs_sql = f"CASE WHEN NOT ({folded}) THEN array({_pair()}) " + _per_group_cases(
-        bits, "line_count > 0", logged, silent, nobody, empty
-    )
     message = ["message_id", "first_ts", "window_ms", "key_hash", "attempts", "state"]
+    fields = _pair_fields(logged, silent, nobody)
     return (
         messages.where(f"({folded} AND {in_day}) OR (NOT ({folded}) AND ({in_day} OR {orphan}))")
         .selectExpr(
-            *message,
-            f"explode({pairs_sql}) AS p",
+            "*",
+            f"explode({indexes}) AS pair",
             f"CASE WHEN NOT ({folded}) THEN {exact} END AS exact",
         )
         .selectExpr(
             "message_id",
-            "p.group_hash",
+            fields[0],
             "CAST(NULL AS string) AS orphan_consumer",
             "CAST(NULL AS bigint) AS orphan_ts",
             *message[1:],
-            *[f"p.{name}" for name, _ in PAIR_FIELDS[1:]],
+            *fields[1:],
             "exact",
         )
     )

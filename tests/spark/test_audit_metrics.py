@@ -1,13 +1,16 @@
 """One tiny, exact fixture per audit rule (definitions: the docstring of spark/transforms.py)."""
 
 import json
+import random
 import re
 from datetime import datetime
 
+import pyarrow as pa
 import pytest
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
 
+from spark import metrics
 from spark.schema import topic_pattern_regex
 from tests.spark.conftest import DAY, at, consume, dead_letter, publish
 
@@ -165,6 +168,78 @@ def test_it_reports_latency_percentiles_and_the_share_within_the_sla(audit):
         "within_sla_share": 0.5,
     }
     assert pick(totals, expected) == expected
+
+
+def _nearest_rank(latencies: list[int], percent: int) -> int:
+    ordered = sorted(latencies)
+    return ordered[-(-percent * len(ordered) // 100) - 1]
+
+
+def test_it_keeps_every_latency_figure_exact_to_the_millisecond(audit):
+    # The rollup counts latencies in buckets of a few milliseconds (metrics.LATENCY_SLOTS):
+    # odd milliseconds on both sides of bucket edges and of the SLA, in two windows and two
+    # groups, with clock skew, must read as the sorted latencies themselves do.
+    rng = random.Random(35)
+    sla_ms = 1003
+    latencies = {}
+    producers, consumers = [], []
+    for i in range(240):
+        hour = 10 + i % 2
+        group = "billing" if i % 3 else "audit"
+        ms = rng.choice([rng.randrange(0, 2500), rng.randrange(995, 1012), -rng.randrange(1, 40)])
+        producers.append(publish(f"m{i}", at(hour, 5)))
+        consumers.append(consume(f"m{i}", at(hour, 5) + ms, group=group, queue=group))
+        latencies.setdefault((hour, group), []).append(ms)
+    bindings = [
+        {"exchange": "orders", "routing_key": "order.*", "consumer_group": g, "queue": g}
+        for g in ("billing", "audit")
+    ]
+    totals, out = audit(producers=producers, consumers=consumers, bindings=bindings, sla_ms=sla_ms)
+
+    def figures(values):
+        on_clock = [v for v in values if v >= 0]
+        return {
+            "latency_p50_ms": _nearest_rank(on_clock, 50),
+            "latency_p95_ms": _nearest_rank(on_clock, 95),
+            "latency_p99_ms": _nearest_rank(on_clock, 99),
+            "latency_max_ms": max(on_clock),
+            "clock_skew": len(values) - len(on_clock),
+            "within_sla_share": sum(v <= sla_ms for v in on_clock) / len(on_clock),
+        }
+
+    every = [v for values in latencies.values() for v in values]
+    assert pick(totals, figures(every)) == figures(every)
+    rows = out["windows"].where(F.col("exchange").isNotNull()).collect()
+    assert {
+        (r.window_start.hour, r.consumer_group): pick(r.asDict(), figures(every)) for r in rows
+    } == {(hour, group): figures(values) for (hour, group), values in latencies.items()}
+
+
+def test_the_latency_histogram_spreads_each_bucket_back_to_its_milliseconds():
+    slots = metrics.LATENCY_SLOTS
+    counts = {c: [0, 0] for c in metrics.SLOT_COLUMNS}
+    counts[metrics.SLOT_COLUMNS[0]] = [2, 0]
+    counts[metrics.SLOT_COLUMNS[-1]] = [1, 4]
+    buckets = pa.table(
+        {
+            "window_ms": [0, 0],
+            "exchange": ["orders", "orders"],
+            "consumer_group": ["billing", "billing"],
+            "latency_ms": [0, 3 * slots],
+            **counts,
+        }
+    )
+    assert metrics.histogram_rows(buckets).to_pylist() == [
+        {
+            "window_ms": 0,
+            "exchange": "orders",
+            "consumer_group": "billing",
+            "latency_ms": ms,
+            "n": n,
+        }
+        for ms, n in ((0, 2), (slots - 1, 1), (4 * slots - 1, 4))
+    ]
+    assert metrics.histogram_rows(buckets.slice(0, 0)).num_rows == 0
 
 
 def test_it_counts_a_consumption_nobody_logged_publishing_as_an_orphan(audit):
