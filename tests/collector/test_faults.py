@@ -112,20 +112,29 @@ def test_a_stop_that_outlasts_its_time_says_what_it_leaves_behind(wired, caplog)
     every message is stored once and acked."""
     n = 50
     fill(wired, "fault.slowstop", n)
-    stop_event, threads = start_collectors(flush_seconds=0.05)
+    # Every message must be taken and handed to the (blocked) writers before the stop; a stop
+    # before that gives the rest back to the queue (correct, but then "all stored" below would
+    # not hold). With the default 64 MiB body limit the prefetch window starts at 1 and grows
+    # per batch, so 50 messages can come in more batches than the blocked pool takes (2 writers
+    # + 2 waiting + 1 being handed over), and the collector then waits, holding fewer than 50:
+    # a clean-clone run under load did. A 1 MiB limit starts the window at 64, and a 2 s flush
+    # makes one or two batches of the 50.
+    stop_event, threads = start_collectors(flush_seconds=2.0, max_body_bytes=1024 * 1024)
+    stopped = False
     try:
         with psycopg.connect(database_conninfo("lazarus-test-lock")) as blocker:
             blocker.execute("LOCK TABLE recovery_message IN ACCESS EXCLUSIVE MODE")
-            # Every message taken and handed to the (blocked) writers: the prefetch window starts
-            # small and grows per batch, and a stop before the last resize would give the rest
-            # back to the queue (correct, but then "all stored" below would not hold).
             wait_for(lambda: sum(t.in_flight for t in threads) == n, message="all 50 held")
             with caplog.at_level(logging.WARNING, logger="recovery.collector.consumer"):
                 stop_collectors(stop_event, threads, timeout=1)
+            stopped = True
             held = sum(t.in_flight for t in threads)
             blocker.rollback()  # PostgreSQL moves again
     finally:
-        stop_event.set()
+        if not stopped:
+            # Without this, the writers of a failed run live on in this process and keep
+            # heartbeating for the test vhost, so later tests see a collector that is not theirs.
+            stop_collectors(stop_event, threads, timeout=30)
     left = [r.getMessage() for r in caplog.records if "still storing or acking" in r.getMessage()]
     assert held == n and left, caplog.text
     assert f"still storing or acking {held} messages" in " ".join(left)
