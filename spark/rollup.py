@@ -82,11 +82,12 @@ def rolled(
     """
     spark = producer_raw.sparkSession
     keys = log_facts.local_frame(spark, facts.keys, log_facts.KEY_COLUMNS)
+    # Each group's bit and hash, looked up by the join that gives every consumer line its bit.
     bits = log_facts.local_frame(
         spark,
         [(g, i) for i, g in enumerate(facts.bit_groups)],
         [("consumer_group", "string"), ("bit", "int")],
-    )
+    ).select("consumer_group", "bit", log_facts.group_hash().alias("bit_group_hash"))
     # The fold settles the messages whose lines come from one group; when many messages may
     # have lines from several (fanout bindings, unbound groups), every message takes the join.
     fold = facts.multi_group_lines <= FOLD_MAX_MULTI_GROUP_SHARE * facts.producer_lines

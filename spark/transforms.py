@@ -168,10 +168,17 @@ def keyed_producer_lines(producer_lines: DataFrame, day_start_ms: int) -> DataFr
     )
 
 
+def _line_group_hash() -> Column:
+    """A consumer line's group hash: the one its ``bit_groups`` row carries (hashed once per
+    group, not once per line), hashed here only for a group that table lacks."""
+    return F.coalesce(F.col("bit_group_hash"), group_hash()).alias("group_hash")
+
+
 def grouped_consumer_lines(consumer_lines: DataFrame, bit_groups: DataFrame) -> DataFrame:
     """Valid consumer lines as the exact path's ``pair_contributions`` reads them: the group's
     hash and bit, and ``line``. The group travels as its hash only (``audit_frames`` puts the
-    names back on the rollup). ``bit_groups``: (consumer_group, bit)."""
+    names back on the rollup). ``bit_groups``: (consumer_group, bit, bit_group_hash), as
+    ``rollup.rolled`` makes it."""
     line = F.struct(
         "consumer",
         "ts",
@@ -179,7 +186,7 @@ def grouped_consumer_lines(consumer_lines: DataFrame, bit_groups: DataFrame) -> 
         F.col("outcome").isin(*CONSUMED_OUTCOMES).alias("consuming"),
     )
     return consumer_lines.join(F.broadcast(bit_groups), on="consumer_group", how="left").select(
-        "message_id", group_hash().alias("group_hash"), "bit", line.alias("line")
+        "message_id", _line_group_hash(), "bit", line.alias("line")
     )
 
 
@@ -187,10 +194,10 @@ def message_lines(consumer_lines: DataFrame, bit_groups: DataFrame) -> DataFrame
     """Valid consumer lines as ``per_message`` folds them: the group's hash and bit, the line's
     ``line_ts``, whether it was ``redelivered`` and whether it was ``consuming``. (Its consumer
     travels only on the exact path, ``grouped_consumer_lines``.) ``bit_groups``:
-    (consumer_group, bit)."""
+    (consumer_group, bit, bit_group_hash), as ``rollup.rolled`` makes it."""
     return consumer_lines.join(F.broadcast(bit_groups), on="consumer_group", how="left").select(
         "message_id",
-        group_hash().alias("group_hash"),
+        _line_group_hash(),
         "bit",
         F.col("ts").alias("line_ts"),
         F.coalesce("redelivered", F.lit(False)).alias("redelivered"),
