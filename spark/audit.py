@@ -153,7 +153,19 @@ def audit_frames(
     spark = producer_raw.sparkSession
     summary = log_facts.log_summary(producer_raw, consumer_raw).collect()
     facts = log_facts.LogFacts.from_summary(summary, bindings, day_start_ms, grace_ms, now_ms)
-    rolled = rollup.rolled(facts, producer_raw, consumer_raw, store, day_start_ms, grace_ms, now_ms)
+    # A first pass that finds any unbound pair is followed by a second one, so it need not
+    # list evidence on those pairs: without bindings that would be a row per message, rolled
+    # up and checkpointed only to be thrown away. Without any, it lists everything it must.
+    rolled = rollup.rolled(
+        facts,
+        producer_raw,
+        consumer_raw,
+        store,
+        day_start_ms,
+        grace_ms,
+        now_ms,
+        unbound_evidence=not facts.unbound_possible,
+    )
     # Only a day where some group logged lines of a key no binding names it for can have any.
     spans = rollup.observed_spans(rolled) if facts.unbound_possible else []
     if spans:
@@ -192,7 +204,7 @@ def audit_frames(
             sla_ms,
             now_ms,
         ),
-        "lost": evidence.lost_evidence(rolled, provenance),
+        "lost": evidence.lost_evidence(rolled, provenance, day_start_ms),
         "duplicates": evidence.duplicate_evidence(rolled),
         "orphans": evidence.orphan_evidence(rolled),
         "unclaimed": evidence.unclaimed_evidence(rolled),

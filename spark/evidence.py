@@ -8,10 +8,15 @@ from spark.metrics import DUP_CAUSES
 from spark.schema import HOUR_MS
 
 
-def lost_evidence(rolled: DataFrame, provenance: DataFrame) -> DataFrame:
+def lost_evidence(rolled: DataFrame, provenance: DataFrame, day_start_ms: int) -> DataFrame:
     """The unaccounted pairs of FINAL windows: ``lost``, or ``unverified`` in an input gap, and
     ``expected_by``: the strongest source of the group's expectation over the window
-    (``provenance``: ``log_facts.PROVENANCE_COLUMNS``; configured, bound, observed)."""
+    (``provenance``: ``log_facts.PROVENANCE_COLUMNS``; configured, bound, observed).
+
+    The source is looked up per (key, group, window) on the small side, for the day's windows
+    (every pair's window is its message's first hour, in the audited day): the lost rows, as
+    many as the day's messages on a day a log is missing, take one broadcast equi-join each
+    and are never grouped."""
     lost = rolled.where("evidence.lost").selectExpr(
         "window_ms",
         "timestamp_millis(window_ms) AS window_start",
@@ -24,29 +29,28 @@ def lost_evidence(rolled: DataFrame, provenance: DataFrame) -> DataFrame:
         "evidence.store_id",
     )
     sources = "array('configured', 'bound', 'observed')"
-    spans = F.broadcast(
-        provenance.selectExpr(
-            "exchange AS p_exchange",
-            "routing_key AS p_routing_key",
-            "consumer_group AS p_group",
-            "from_ms",
-            "until_ms",
-            f"array_position({sources}, source) AS rank",
+    windows = provenance.sparkSession.range(24).selectExpr(
+        f"{day_start_ms} + id * {HOUR_MS} AS window_ms"
+    )
+    by_window = (
+        provenance.join(
+            windows,
+            (F.col("from_ms") < F.col("window_ms") + HOUR_MS)
+            & (F.col("window_ms") < F.col("until_ms")),
+        )
+        .groupBy("exchange", "routing_key", "consumer_group", "window_ms")
+        .agg(
+            F.expr(
+                f"element_at({sources}, CAST(min(array_position({sources}, source)) AS int)) "
+                "AS expected_by"
+            )
         )
     )
-    on = (
-        (F.col("exchange") == F.col("p_exchange"))
-        & (F.col("routing_key") == F.col("p_routing_key"))
-        & (F.col("consumer_group") == F.col("p_group"))
-        & (F.col("from_ms") < F.col("window_ms") + HOUR_MS)
-        & (F.col("window_ms") < F.col("until_ms"))
-    )
-    columns = [c for c in lost.columns if c != "window_ms"]
-    return (
-        lost.join(spans, on=on, how="left")
-        .groupBy(*columns)
-        .agg(F.expr(f"element_at({sources}, CAST(min(rank) AS int)) AS expected_by"))
-    )
+    return lost.join(
+        F.broadcast(by_window),
+        on=["exchange", "routing_key", "consumer_group", "window_ms"],
+        how="left",
+    ).select(*[c for c in lost.columns if c != "window_ms"], "expected_by")
 
 
 def unclaimed_evidence(rolled: DataFrame) -> DataFrame:
@@ -67,7 +71,11 @@ def duplicate_evidence(rolled: DataFrame) -> DataFrame:
         f"named_struct('cause', '{cause}', 'extra', evidence.dup_{cause})" for cause in DUP_CAUSES
     )
     return (
-        rolled.where("NOT orphan AND evidence IS NOT NULL")
+        rolled.where(
+            "NOT orphan AND evidence IS NOT NULL AND greatest("
+            + ", ".join(f"evidence.dup_{cause}" for cause in DUP_CAUSES)
+            + ") > 0"
+        )  # lost and unclaimed rows need not be exploded to be dropped
         .selectExpr("*", f"explode(array({causes})) AS c")
         .where("c.extra > 0")
         .selectExpr(

@@ -115,10 +115,19 @@ def _final(grace_ms: int, now_ms: int) -> str:
     return f"(window_ms + {HOUR_MS + grace_ms} <= {now_ms})"
 
 
-def rollup(facts: DataFrame, grace_ms: int, now_ms: int, carry: tuple[str, ...] = ()) -> DataFrame:
+def rollup(
+    facts: DataFrame,
+    grace_ms: int,
+    now_ms: int,
+    carry: tuple[str, ...] = (),
+    unbound_evidence: bool = True,
+) -> DataFrame:
     """Classified pairs and orphan lines (``transforms.with_key_names``) -> additive counts per
     (window_ms, exchange, group_hash, primary, orphan, latency_ms, evidence). ``evidence`` is
     null except on the pairs and lines the evidence tables list, which keep a row each.
+    ``unbound_evidence=False`` lists nothing on unbound pairs: for a first pass whose result
+    is thrown away whenever it has any (``spark/audit.py``), so that pass does not carry a row
+    per pair of a group that no binding names (every message, on a day without bindings).
     ``latency_ms`` is the pair's latency rounded down to a multiple of ``LATENCY_SLOTS``
     (null when it has none); ``SLOT_COLUMNS`` count the pairs at each millisecond of it.
     Input gaps depend on (window, group) only: ``transforms.mark_gaps`` marks the rolled rows.
@@ -135,9 +144,10 @@ def rollup(facts: DataFrame, grace_ms: int, now_ms: int, carry: tuple[str, ...] 
         "orphan_ts",
     ]
     listed_unclaimed = "(NOT orphan AND unclaimed)"
+    listed = "" if unbound_evidence else "NOT unbound AND "
     evidence = (
-        f"CASE WHEN {listed_lost} OR (NOT orphan AND {DUP_TOTAL} > 0) OR orphan "
-        f"OR {listed_unclaimed} THEN named_struct("
+        f"CASE WHEN {listed}({listed_lost} OR (NOT orphan AND {DUP_TOTAL} > 0) OR orphan "
+        f"OR {listed_unclaimed}) THEN named_struct("
         + ", ".join(f"'{f}', {f}" for f in fields)
         + f", 'lost', {listed_lost}, 'unclaimed', {listed_unclaimed}) END AS evidence"
     )

@@ -71,6 +71,7 @@ def rolled(
     day_start_ms: int,
     grace_ms: int,
     now_ms: int,
+    unbound_evidence: bool = True,
 ) -> DataFrame:
     """One job shuffles the lines by message_id, folds them per message, builds the pairs of
     the messages the fold settles and stores their ``metrics.rollup`` as a local checkpoint,
@@ -79,6 +80,7 @@ def rolled(
     together. Every output reads that checkpoint. The checkpoint cuts the lineage: each output
     is planned over a one-node plan instead of the whole audit's (analysis, cache lookups and
     optimisation of that plan cost seconds per output). Its blocks go with the frames.
+    ``unbound_evidence``: as ``metrics.rollup``'s.
     """
     spark = producer_raw.sparkSession
     keys = log_facts.local_frame(spark, facts.keys, log_facts.KEY_COLUMNS)
@@ -111,7 +113,9 @@ def rolled(
             transforms.classify_pairs(transforms.with_store(pairs, stored), carry), keys
         )
         return (
-            transforms.mark_gaps(metrics.rollup(classified, grace_ms, now_ms, carry), gap_windows)
+            transforms.mark_gaps(
+                metrics.rollup(classified, grace_ms, now_ms, carry, unbound_evidence), gap_windows
+            )
             .join(F.broadcast(group_names), on="group_hash", how="left")
             .drop("group_hash")
         )

@@ -15,6 +15,7 @@ import datetime
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -106,9 +107,30 @@ def run_spark(
     except subprocess.TimeoutExpired as exc:
         raise AuditError(f"spark-submit did not finish in {exc.timeout} s") from exc
     if proc.returncode != 0:
-        tail = "\n".join(proc.stderr.strip().splitlines()[-25:])
-        raise AuditError(f"spark-submit failed ({proc.returncode}):\n{tail}")
+        raise AuditError(
+            f"spark-submit failed ({proc.returncode}):\n{failure_text(proc.stdout, proc.stderr)}"
+        )
     return proc
+
+
+SPARK_LOG_LINE = re.compile(r"^\d{2}/\d{2}/\d{2} \d{2}:\d{2}:\d{2} ")
+
+
+def failure_text(stdout: str, stderr: str, tail_lines: int = 25, max_traceback: int = 60) -> str:
+    """What a failed spark-submit says: the job's last Python traceback, then the last lines of
+    Spark's log. spark-submit hands the Python driver's stderr to its own stdout, so the
+    traceback is there; the log's tail alone is mostly Spark shutting down."""
+    tail = stderr.strip().splitlines()[-tail_lines:]
+    lines = stdout.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")]
+    if not starts:
+        return "\n".join(tail)
+    block = []
+    for line in lines[starts[-1] :]:
+        if SPARK_LOG_LINE.match(line) or len(block) == max_traceback:
+            break
+        block.append(line)
+    return "\n".join([*block, "--- the end of spark-submit's log:", *tail])
 
 
 def new_run(day, user, config):

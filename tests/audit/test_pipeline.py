@@ -159,6 +159,27 @@ def test_a_failed_spark_run_is_recorded_not_hidden(tmp_path):
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_failed_audit_job_records_its_own_error_not_only_sparks_shutdown(tmp_path):
+    """spark-submit puts the Python job's traceback on its stdout; the run's error keeps it."""
+    from recovery.audit.run import run_audit
+
+    hour = tmp_path / "p" / f"dt={DAY}" / "hour=03"
+    hour.mkdir(parents=True)
+    (hour / "part-0.parquet").write_bytes(b"not parquet at all")
+    run = run_audit(
+        DAY,
+        producer_logs=str(tmp_path / "p"),
+        consumer_logs=str(tmp_path / "c"),
+        master="local[1]",
+        bindings=[],
+    )
+    assert run.status == "failed"
+    assert "Traceback (most recent call last)" in run.error
+    assert "part-0.parquet" in run.error
+    assert "--- the end of spark-submit's log:" in run.error
+
+
+@pytest.mark.django_db(transaction=True)
 def test_the_store_export_is_the_contract_spark_reads(tmp_path):
     import pyarrow.parquet as pq
 
