@@ -204,7 +204,7 @@ def audit_frames(
             sla_ms,
             now_ms,
         ),
-        "lost": evidence.lost_evidence(rolled, provenance, day_start_ms),
+        "lost": evidence.lost_evidence(rolled, facts.provenance, day_start_ms),
         "duplicates": evidence.duplicate_evidence(rolled),
         "orphans": evidence.orphan_evidence(rolled),
         "unclaimed": evidence.unclaimed_evidence(rolled),

@@ -1,22 +1,46 @@
 """The audit's evidence: the ids behind its counts (lost, unclaimed, duplicated, orphan lines,
 input gaps), one row per message, pair or cause, read from the rollup (``spark/rollup.py``)."""
 
+from collections import defaultdict
+
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from spark.log_facts import local_frame
 from spark.metrics import DUP_CAUSES
 from spark.schema import HOUR_MS
 
+SOURCES = ("configured", "bound", "observed")  # strongest first
 
-def lost_evidence(rolled: DataFrame, provenance: DataFrame, day_start_ms: int) -> DataFrame:
+
+def expected_by_segments(provenance, day_start_ms: int) -> list[tuple]:
+    """``log_facts.PROVENANCE_COLUMNS`` rows -> (exchange, routing_key, consumer_group,
+    from_window, until_window, expected_by): per key and group, the day's windows (every lost
+    pair's window is its message's first hour, in the audited day) cut where the strongest
+    source of an expectation overlapping the window changes; disjoint, so a lost pair matches
+    one at most."""
+    ranks = defaultdict(list)
+    for exchange, routing_key, group, from_ms, until_ms, source in provenance:
+        ranks[(exchange, routing_key, group)].append((from_ms, until_ms, SOURCES.index(source)))
+    out = []
+    for key, spans in sorted(ranks.items(), key=lambda item: tuple(map(str, item[0]))):
+        for hour in range(24):
+            window = day_start_ms + hour * HOUR_MS
+            found = [r for lo, hi, r in spans if lo < window + HOUR_MS and window < hi]
+            source = SOURCES[min(found)] if found else None
+            if out and out[-1][:3] == key and out[-1][5] == source and out[-1][4] == window:
+                out[-1] = (*key, out[-1][3], window + HOUR_MS, source)
+            elif source is not None:
+                out.append((*key, window, window + HOUR_MS, source))
+    return out
+
+
+def lost_evidence(rolled: DataFrame, provenance, day_start_ms: int) -> DataFrame:
     """The unaccounted pairs of FINAL windows: ``lost``, or ``unverified`` in an input gap, and
     ``expected_by``: the strongest source of the group's expectation over the window
-    (``provenance``: ``log_facts.PROVENANCE_COLUMNS``; configured, bound, observed).
-
-    The source is looked up per (key, group, window) on the small side, for the day's windows
-    (every pair's window is its message's first hour, in the audited day): the lost rows, as
-    many as the day's messages on a day a log is missing, take one broadcast equi-join each
-    and are never grouped."""
+    (``provenance``: ``log_facts.PROVENANCE_COLUMNS`` rows; configured, bound, observed), looked
+    up in ``expected_by_segments`` on the driver: the lost rows, as many as the day's messages on
+    a day a log is missing, take one broadcast join each and are never grouped."""
     lost = rolled.where("evidence.lost").selectExpr(
         "window_ms",
         "timestamp_millis(window_ms) AS window_start",
@@ -28,29 +52,28 @@ def lost_evidence(rolled: DataFrame, provenance: DataFrame, day_start_ms: int) -
         "CASE WHEN in_input_gap THEN 'unverified' ELSE 'lost' END AS verdict",
         "evidence.store_id",
     )
-    sources = "array('configured', 'bound', 'observed')"
-    windows = provenance.sparkSession.range(24).selectExpr(
-        f"{day_start_ms} + id * {HOUR_MS} AS window_ms"
+    segments = local_frame(
+        rolled.sparkSession,
+        expected_by_segments(provenance, day_start_ms),
+        [
+            ("p_exchange", "string"),
+            ("p_routing_key", "string"),
+            ("p_group", "string"),
+            ("from_window", "bigint"),
+            ("until_window", "bigint"),
+            ("expected_by", "string"),
+        ],
     )
-    by_window = (
-        provenance.join(
-            windows,
-            (F.col("from_ms") < F.col("window_ms") + HOUR_MS)
-            & (F.col("window_ms") < F.col("until_ms")),
-        )
-        .groupBy("exchange", "routing_key", "consumer_group", "window_ms")
-        .agg(
-            F.expr(
-                f"element_at({sources}, CAST(min(array_position({sources}, source)) AS int)) "
-                "AS expected_by"
-            )
-        )
+    on = (
+        (F.col("exchange") == F.col("p_exchange"))
+        & (F.col("routing_key") == F.col("p_routing_key"))
+        & (F.col("consumer_group") == F.col("p_group"))
+        & (F.col("window_ms") >= F.col("from_window"))
+        & (F.col("window_ms") < F.col("until_window"))
     )
-    return lost.join(
-        F.broadcast(by_window),
-        on=["exchange", "routing_key", "consumer_group", "window_ms"],
-        how="left",
-    ).select(*[c for c in lost.columns if c != "window_ms"], "expected_by")
+    return lost.join(F.broadcast(segments), on=on, how="left").select(
+        *[c for c in lost.columns if c != "window_ms"], "expected_by"
+    )
 
 
 def unclaimed_evidence(rolled: DataFrame) -> DataFrame:
