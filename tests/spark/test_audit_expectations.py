@@ -10,6 +10,7 @@ from datetime import datetime
 import pytest
 from pyspark.sql import functions as F
 
+from spark.evidence import expected_by_segments
 from spark.expectations import SPAN_END, SPAN_START, segments
 from spark.metrics import warnings
 from tests.spark.conftest import DAY, at, consume, publish
@@ -39,6 +40,29 @@ def test_segments_split_the_day_where_the_set_of_groups_changes():
         (0, 10, frozenset({"a"})),
         (20, 30, frozenset({"b"})),
     ]
+
+
+def test_a_lost_pairs_source_is_the_strongest_over_its_window_in_disjoint_segments():
+    start = int(DAY.timestamp() * 1000)
+    hour = 3_600_000
+    provenance = [
+        # bound from 10:30 (the 10:00 window overlaps it) to the end of the day ...
+        ("orders", "rk", "billing", start + 10 * hour + 1_800_000, SPAN_END, "bound"),
+        # ... observed from 08:00 to 12:00: observed only 08:00-10:00, then bound
+        ("orders", "rk", "billing", start + 8 * hour, start + 12 * hour, "observed"),
+        # configured all day wins every window
+        ("orders", "rk", "ledger", SPAN_START, SPAN_END, "configured"),
+        ("orders", "rk", "ledger", start + 3 * hour, start + 4 * hour, "observed"),
+    ]
+    assert expected_by_segments(provenance, start) == [
+        ("orders", "rk", "billing", start + 8 * hour, start + 10 * hour, "observed"),
+        ("orders", "rk", "billing", start + 10 * hour, start + 24 * hour, "bound"),
+        ("orders", "rk", "ledger", start, start + 24 * hour, "configured"),
+    ]
+    # A span that ends where a window starts does not reach into it.
+    assert expected_by_segments(
+        [("x", "k", "g", SPAN_START, start + 2 * hour, "bound")], start
+    ) == [("x", "k", "g", start, start + 2 * hour, "bound")]
 
 
 def test_a_binding_counts_from_when_it_was_first_seen_to_when_it_was_last_seen(audit):
