@@ -143,17 +143,21 @@ def test_it_audits_a_day_and_keeps_revisions(logs):
     assert "lost=1" in out.getvalue()
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_failed_spark_run_is_recorded_not_hidden(tmp_path):
+def audit_without_logs(tmp_path, master):
     from recovery.audit.run import run_audit
 
-    run = run_audit(
+    return run_audit(
         DAY,
         producer_logs=str(tmp_path / "p"),
         consumer_logs=str(tmp_path / "c"),
-        master="no-such-master://x",
+        master=master,
         bindings=[],
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_spark_run_is_recorded_not_hidden(tmp_path):
+    run = audit_without_logs(tmp_path, "no-such-master://x")
     assert run.status == "failed"
     assert "spark-submit failed" in run.error
 
@@ -161,18 +165,10 @@ def test_a_failed_spark_run_is_recorded_not_hidden(tmp_path):
 @pytest.mark.django_db(transaction=True)
 def test_a_failed_audit_job_records_its_own_error_not_only_sparks_shutdown(tmp_path):
     """spark-submit puts the Python job's traceback on its stdout; the run's error keeps it."""
-    from recovery.audit.run import run_audit
-
     hour = tmp_path / "p" / f"dt={DAY}" / "hour=03"
     hour.mkdir(parents=True)
     (hour / "part-0.parquet").write_bytes(b"not parquet at all")
-    run = run_audit(
-        DAY,
-        producer_logs=str(tmp_path / "p"),
-        consumer_logs=str(tmp_path / "c"),
-        master="local[1]",
-        bindings=[],
-    )
+    run = audit_without_logs(tmp_path, "local[1]")
     assert run.status == "failed"
     assert "Traceback (most recent call last)" in run.error
     assert "part-0.parquet" in run.error
