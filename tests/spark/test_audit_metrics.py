@@ -466,3 +466,59 @@ def test_the_console_warns_on_the_metrics_the_job_calls_warnings():
     from spark.metrics import WARNING_METRICS as written
 
     assert shown == written
+
+
+@pytest.mark.parametrize(
+    "groups",
+    [("billing",), ("billing", "audit")],  # one group: the fold; two on every key: the exact path
+)
+def test_windows_and_totals_count_the_same_from_a_rollup_without_its_evidence(
+    audit, monkeypatch, groups
+):
+    """A day with much evidence (a missing log lists every message) counts from a copy of the
+    rollup without it: every figure must stay what the rollup with it gives."""
+    from spark import rollup
+
+    bindings = [{"exchange": "orders", "routing_key": "#", "consumer_group": g} for g in groups]
+    day = {
+        "producers": [
+            publish("ok", at(10)),
+            publish("retried", at(10, 5)),
+            publish("retried", at(10, 6), attempt=2),
+            publish("lost", at(11)),
+            publish("late", at(12)),
+            publish("skewed", at(13, 0, 5)),
+        ],
+        "consumers": [
+            *[consume("ok", at(10, 0, 1), group=g) for g in groups],
+            *[consume("retried", at(10, 7), group=g) for g in groups],
+            *[consume("retried", at(10, 8), group=g) for g in groups],
+            *[consume("late", at(15), group=g) for g in groups],
+            *[consume("skewed", at(13, 0, 2), group=g) for g in groups],
+            consume("orphan", at(14)),
+        ],
+        "bindings": bindings,
+    }
+
+    def counted() -> tuple:
+        totals, out = audit(**day)
+        windows = sorted(
+            tuple((k, str(v)) for k, v in sorted(row.asDict().items()))
+            for row in out["windows"].collect()
+        )
+        return totals, windows
+
+    with_evidence = counted()
+    # "lost" and "late" per group, one of them in the consumers' gap at 11:00-12:00
+    assert with_evidence[0]["lost"] + with_evidence[0]["unverified"] == 2 * len(groups)
+    assert with_evidence[0]["dup_deliveries"] == len(groups)
+    assert with_evidence[0]["orphan_consumptions"] == 1
+    assert with_evidence[0]["clock_skew"] == len(groups)
+    apart = []
+    without_evidence = metrics.without_evidence
+    monkeypatch.setattr(rollup, "COUNTS_APART_ABOVE", 0)
+    monkeypatch.setattr(
+        metrics, "without_evidence", lambda rolled: apart.append(1) or without_evidence(rolled)
+    )
+    assert counted() == with_evidence
+    assert apart, "the windows and totals did not count from the rollup without its evidence"
