@@ -156,7 +156,7 @@ def audit_frames(
     # A first pass that finds any unbound pair is followed by a second one, so it need not
     # list evidence on those pairs: without bindings that would be a row per message, rolled
     # up and checkpointed only to be thrown away. Without any, it lists everything it must.
-    rolled, counted = rollup.rolled(
+    rolled = rollup.rolled(
         facts,
         producer_raw,
         consumer_raw,
@@ -167,7 +167,7 @@ def audit_frames(
         unbound_evidence=not facts.unbound_possible,
     )
     # Only a day where some group logged lines of a key no binding names it for can have any.
-    spans = rollup.observed_spans(counted) if facts.unbound_possible else []
+    spans = rollup.observed_spans(rolled) if facts.unbound_possible else []
     if spans:
         facts = log_facts.LogFacts.from_summary(
             summary,
@@ -177,17 +177,17 @@ def audit_frames(
             now_ms,
             observed=expectations.observed_expectations(spans),
         )
-        rolled, counted = rollup.rolled(
+        rolled = rollup.rolled(
             facts, producer_raw, consumer_raw, store, day_start_ms, grace_ms, now_ms
         )
     by_key, overall = metrics.nearest_rank_quantiles(
-        metrics.histogram_rows(metrics.latency_histogram(counted).toArrow())
+        metrics.histogram_rows(metrics.latency_histogram(rolled).toArrow())
     )
     malformed_by_hour, hours, gaps = _input_frames(spark, facts, day_start_ms)
     provenance = log_facts.local_frame(spark, facts.provenance, log_facts.PROVENANCE_COLUMNS)
     return {
         "windows": metrics.window_metrics(
-            counted,
+            rolled,
             log_facts.local_frame(spark, by_key, metrics.QUANTILE_COLUMNS),
             hours,
             grace_ms,
@@ -195,7 +195,7 @@ def audit_frames(
             now_ms,
         ),
         "totals": metrics.totals(
-            counted,
+            rolled,
             overall,
             sum(malformed_by_hour.values()),
             len(facts.gaps),

@@ -166,43 +166,28 @@ def rollup(
         "latency_slot", F.expr(f"CAST(pmod(latency_ms, {LATENCY_SLOTS}) AS int)")
     )
     return slotted.groupBy(*keys, F.expr(evidence), unbound_key).agg(
-        *sql_exprs(*ROLLUP_MEASURES.values())
+        *sql_exprs(
+            "count(1) AS pairs",
+            "sum(attempts) AS attempts",
+            *[f"count_if(state = {i}) AS {name}" for i, name in enumerate(PUBLISH_STATES)],
+            f"count_if(expected AND state = {CONFIRMED}) AS expected_confirmed",
+            "count_if(consumed) AS delivered_unique",
+            "count_if(dead_lettered) AS dead_lettered",
+            *[
+                f"count_if(dead_letter_reason = '{r}') AS dead_lettered_{r}"
+                for r in DEAD_LETTER_REASONS
+            ],
+            "count_if(recovered) AS recovered",
+            "count_if(unaccounted) AS unaccounted",
+            "count_if(unclaimed) AS unclaimed",
+            "count_if(unbound) AS unbound_consumption",
+            f"count_if({DUP_TOTAL} > 0) AS dup_msgs",
+            *[f"sum(dup_{cause}) AS dup_{cause}" for cause in DUP_CAUSES],
+            "sum(late_deliveries) AS late_deliveries",
+            "sum(lines) AS lines",
+            *[f"count_if(latency_slot = {i}) AS {c}" for i, c in enumerate(SLOT_COLUMNS)],
+        )
     )
-
-
-# The rolled rows' measures (name -> aggregate over the classified pairs): additive, so rolled
-# rows with equal keys sum to one (``without_evidence``).
-ROLLUP_MEASURES = {
-    name: f"{sql} AS {name}"
-    for name, sql in [
-        ("pairs", "count(1)"),
-        ("attempts", "sum(attempts)"),
-        *[(name, f"count_if(state = {i})") for i, name in enumerate(PUBLISH_STATES)],
-        ("expected_confirmed", f"count_if(expected AND state = {CONFIRMED})"),
-        ("delivered_unique", "count_if(consumed)"),
-        ("dead_lettered", "count_if(dead_lettered)"),
-        *[
-            (f"dead_lettered_{r}", f"count_if(dead_letter_reason = '{r}')")
-            for r in DEAD_LETTER_REASONS
-        ],
-        ("recovered", "count_if(recovered)"),
-        ("unaccounted", "count_if(unaccounted)"),
-        ("unclaimed", "count_if(unclaimed)"),
-        ("unbound_consumption", "count_if(unbound)"),
-        ("dup_msgs", f"count_if({DUP_TOTAL} > 0)"),
-        *[(f"dup_{cause}", f"sum(dup_{cause})") for cause in DUP_CAUSES],
-        ("late_deliveries", "sum(late_deliveries)"),
-        ("lines", "sum(lines)"),
-        *[(c, f"count_if(latency_slot = {i})") for i, c in enumerate(SLOT_COLUMNS)],
-    ]
-}
-
-
-def without_evidence(rolled: DataFrame) -> DataFrame:
-    """The rolled rows with their evidence dropped and the rows it kept apart summed: what the
-    windows, the totals and the latency histogram read, which only count the evidence's pairs."""
-    keys = [c for c in rolled.columns if c not in ROLLUP_MEASURES and c != "evidence"]
-    return rolled.groupBy(*keys).agg(*sql_exprs(*[f"sum({m}) AS {m}" for m in ROLLUP_MEASURES]))
 
 
 def _sum(column: str, scope: str | None = None) -> str:

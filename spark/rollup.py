@@ -20,10 +20,6 @@ EXACT_BROADCAST_LIMIT = 1_000_000
 # Above this share of possibly several-group lines (``LogFacts.multi_group_lines``) among the
 # producer lines, the audit joins every message to its lines instead of folding them.
 FOLD_MAX_MULTI_GROUP_SHARE = 0.2
-# Above this many evidence rows the windows, totals and histogram read a copy of the rollup
-# without them (``metrics.without_evidence``): 5M unverified pairs of a missing log cost them
-# more than the rest of the day's audit.
-COUNTS_APART_ABOVE = 200_000
 
 
 def observed_spans(rolled: DataFrame) -> list[tuple]:
@@ -76,18 +72,15 @@ def rolled(
     grace_ms: int,
     now_ms: int,
     unbound_evidence: bool = True,
-) -> tuple[DataFrame, DataFrame]:
-    """(rolled, counted): one job shuffles the lines by message_id, folds them per message,
-    builds the pairs of the messages the fold settles and stores their ``metrics.rollup`` as a
-    local checkpoint,
+) -> DataFrame:
+    """One job shuffles the lines by message_id, folds them per message, builds the pairs of
+    the messages the fold settles and stores their ``metrics.rollup`` as a local checkpoint,
     with a row for each message it does not settle; if there are any, a second job builds
     their pairs the exact way (``pairing.pair_contributions``) and checkpoints both rollups
     together. Every output reads that checkpoint. The checkpoint cuts the lineage: each output
     is planned over a one-node plan instead of the whole audit's (analysis, cache lookups and
     optimisation of that plan cost seconds per output). Its blocks go with the frames.
-    ``unbound_evidence``: as ``metrics.rollup``'s. ``counted``: the rolled rows to count from,
-    the same frame unless the evidence is large (``COUNTS_APART_ABOVE``), then a checkpoint of
-    them without it.
+    ``unbound_evidence``: as ``metrics.rollup``'s.
     """
     spark = producer_raw.sparkSession
     keys = log_facts.local_frame(spark, facts.keys, log_facts.KEY_COLUMNS)
@@ -140,13 +133,7 @@ def rolled(
             facts.bit_groups,
         )
     )
-    return _with_counts(*_counted_checkpoint(rolled_up(pairs)))
-
-
-def _with_counts(rolled: DataFrame, evidence_rows: int) -> tuple[DataFrame, DataFrame]:
-    if evidence_rows <= COUNTS_APART_ABOVE:
-        return rolled, rolled
-    return rolled, _checkpoint(metrics.without_evidence(rolled), one_partition=True)
+    return _checkpoint(rolled_up(pairs), one_partition=True)
 
 
 def _folded_rollup(
@@ -157,7 +144,7 @@ def _folded_rollup(
     day_start_ms: int,
     grace_ms: int,
     bit_groups: list[str],
-) -> tuple[DataFrame, DataFrame]:
+) -> DataFrame:
     """The rollup of ``pairing.message_pairs``, plus that of the exact path's pairs for the
     messages the fold left (their lines picked out of the consumer logs again), checkpointed."""
     # Kept in the rollup's partitions: the messages left for the exact path have a row each,
@@ -168,18 +155,13 @@ def _folded_rollup(
     first_pass = _checkpoint(
         rolled_up(
             pairing.message_pairs(messages, day_start_ms, grace_ms, bit_groups), ("exact",)
-        ).observe(
-            left,
-            F.expr("count_if(exact IS NOT NULL) AS messages"),
-            F.expr("count_if(exact IS NULL AND evidence IS NOT NULL) AS evidence"),
-        )
+        ).observe(left, F.expr("count_if(exact IS NOT NULL) AS messages"))
     )
     settled = first_pass.where("exact IS NULL").drop("exact")
     exact = first_pass.where("exact IS NOT NULL").select("exact.*")
     exact_messages = left.get["messages"]
     if not exact_messages:
-        # one partition, as _checkpoint's, without a second copy
-        return _with_counts(settled.coalesce(1), left.get["evidence"])
+        return settled.coalesce(1)  # one partition, as _checkpoint's, without a second copy
     # The exact path: the messages the first pass could not fold, with their lines.
     ids = exact.select("message_id")
     lines = transforms.valid_lines(consumer_raw).join(
@@ -196,18 +178,7 @@ def _folded_rollup(
             bit_groups,
         )
     )
-    return _with_counts(*_counted_checkpoint(settled.unionByName(rolled_up(pairs))))
-
-
-def _counted_checkpoint(frame: DataFrame) -> tuple[DataFrame, int]:
-    """The final rollup checkpointed in one partition, and its evidence rows counted while
-    it is written."""
-    evidence = Observation("evidence_rows")
-    checkpointed = _checkpoint(
-        frame.observe(evidence, F.expr("count_if(evidence IS NOT NULL) AS rows")),
-        one_partition=True,
-    )
-    return checkpointed, evidence.get["rows"]
+    return _checkpoint(settled.unionByName(rolled_up(pairs)), one_partition=True)
 
 
 def _checkpoint(frame: DataFrame, one_partition: bool = False) -> DataFrame:
