@@ -6,11 +6,10 @@ from collections import defaultdict
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from spark.expectations import SOURCES
 from spark.log_facts import local_frame
 from spark.metrics import DUP_CAUSES
 from spark.schema import HOUR_MS
-
-SOURCES = ("configured", "bound", "observed")  # strongest first
 
 
 def expected_by_segments(provenance, day_start_ms: int) -> list[tuple]:
