@@ -44,21 +44,26 @@ def messages_of(
     fold: bool,
 ) -> tuple[DataFrame, DataFrame]:
     """(messages, consumers): each message's lines folded (``per_message``) with the groups it
-    is expected to reach, and the consumer lines by message that built it (whole lines when
-    ``fold``, else grouped per message and group, for ``pairing.pair_contributions``)."""
+    is expected to reach, and the consumer lines that built it: when ``fold``, whole lines
+    shuffled together with the producer's (nothing else reads them); else grouped per message
+    and group and shuffled on their own (``by_message``), for ``pairing.pair_contributions``
+    to read the same shuffle."""
     expected = log_facts.local_frame(
         producer_raw.sparkSession, facts.expectations, facts.expectation_columns()
     )
-    producers = transforms.by_message(
-        transforms.keyed_producer_lines(transforms.valid_lines(producer_raw), day_start_ms)
-    )
-    consumers = transforms.by_message(
-        (transforms.message_lines if fold else transforms.grouped_consumer_lines)(
-            transforms.valid_lines(consumer_raw), bits
+    producers = transforms.keyed_producer_lines(transforms.valid_lines(producer_raw), day_start_ms)
+    valid_consumer_lines = transforms.valid_lines(consumer_raw)
+    if fold:  # one shuffle of both logs' lines; nothing else reads the consumers'
+        consumers = transforms.message_lines(valid_consumer_lines, bits)
+    else:
+        producers = transforms.by_message(producers)
+        consumers = transforms.by_message(
+            transforms.grouped_consumer_lines(valid_consumer_lines, bits)
         )
-    )
     messages = transforms.with_expected(
-        transforms.per_message(producers, consumers, facts.words), expected, facts.words
+        transforms.per_message(producers, consumers, facts.words, shuffled=not fold),
+        expected,
+        facts.words,
     )
     return messages, consumers
 

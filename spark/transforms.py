@@ -205,17 +205,23 @@ def message_lines(consumer_lines: DataFrame, bit_groups: DataFrame) -> DataFrame
     )
 
 
-def per_message(producers: DataFrame, consumers: DataFrame, words: int) -> DataFrame:
-    """One row per message_id of either log (both ``by_message``): first attempt time and key,
-    attempts, publish state, and which groups logged a line (lowest ``min_group_hash``, bound
-    groups' bitmask ``seen_0``..). The union keeps the shuffles' partitioning: no new shuffle.
+def per_message(
+    producers: DataFrame, consumers: DataFrame, words: int, shuffled: bool = False
+) -> DataFrame:
+    """One row per message_id of either log: first attempt time and key, attempts, publish
+    state, and which groups logged a line (lowest ``min_group_hash``, bound groups' bitmask
+    ``seen_0``..).
 
     It also folds the consumer lines as if they were one pair's (``max_group_hash``, the group's
     ``bit``, ``redelivered``, first and last consuming ``ts``, first and last line ``ts``): exact
     for a message whose lines all come from one group, which ``message_pairs`` checks.
     ``consumers``: ``message_lines``, or ``grouped_consumer_lines`` when ``pair_contributions``
     joins the same frame: its ``line`` is then referenced whole, so that both read one shuffle
-    (column pruning would make two different ones)."""
+    (column pruning would make two different ones). Both ``shuffled`` (each ``by_message``, as
+    the exact path needs the consumers' shuffle for itself): their union keeps the shuffles'
+    partitioning, no new shuffle. Otherwise their union is shuffled once (``by_message``), so
+    the aggregate reads its rows straight from the shuffle: shuffled apart, each line is
+    projected into the union's columns again after it, a row copy per line."""
     none = {
         "ts": "long",
         "attempt_order": "long",
@@ -246,9 +252,9 @@ def per_message(producers: DataFrame, consumers: DataFrame, words: int) -> DataF
             *[c if c in frame.columns else f"CAST(NULL AS {t}) AS {c}" for c, t in none.items()],
         )
 
+    lines = aligned(producers).unionByName(aligned(consumers))
     facts = (
-        aligned(producers)
-        .unionByName(aligned(consumers))
+        (lines if shuffled else by_message(lines))
         .groupBy("message_id")
         .agg(
             F.min("ts").alias("first_ts"),
