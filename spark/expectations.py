@@ -17,8 +17,9 @@ WORD_BITS = 63
 
 # Unbounded ends of an expectation's time span (epoch ms), far from any real timestamp.
 SPAN_START, SPAN_END = -(1 << 62), 1 << 62
-# Which source an expectation came from, strongest first: what the evidence shows.
-SOURCES = ("configured", "bound", "observed")  # strongest first: a lost pair shows the first
+# Which source an expectation came from, strongest first: a lost pair's evidence shows the
+# strongest that expected it.
+SOURCES = ("configured", "bound", "observed")
 
 
 @dataclass(frozen=True)
