@@ -81,7 +81,8 @@ malformed    a line that does not parse against the schema, lacks a required fie
 """
 
 # How the job computes it (not part of the contract above). Producer and consumer lines are
-# shuffled once each, by message_id, and folded by ONE hash aggregate into a row per message
+# shuffled by message_id (together; each log on its own when the exact path takes every message),
+# and folded by ONE hash aggregate into a row per message
 # (``per_message``: first attempt, state, which groups logged a line, and the lines' counts and
 # times as if they were one pair's). For a message whose lines come from one group and lie all
 # before or all after its deadline, that row IS its pairs (``message_pairs``): no join, no
