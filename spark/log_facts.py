@@ -53,7 +53,7 @@ def log_summary(producer_raw: DataFrame, consumer_raw: DataFrame) -> DataFrame:
         keys = [F.col(process).alias("process"), "file_hour_ms", F.col(a).alias("a"), b.alias("b")]
         source = F.lit("producer" if process == "producer" else "consumer").alias("source")
 
-        def counted(rows: DataFrame, malformed: Column) -> DataFrame:
+        def count(rows: DataFrame, malformed: Column) -> DataFrame:
             return (
                 rows.groupBy(*keys)
                 .agg(F.count(F.lit(1)).alias("lines"), F.count_if(acked).alias("acked"))
@@ -69,8 +69,8 @@ def log_summary(producer_raw: DataFrame, consumer_raw: DataFrame) -> DataFrame:
                 )
             )
 
-        return counted(frame, F.lit(None).cast("boolean")).unionByName(
-            counted(frame.where("malformed"), F.lit(True))
+        return count(frame, F.lit(None).cast("boolean")).unionByName(
+            count(frame.where("malformed"), F.lit(True))
         )
 
     counted = lines(

@@ -42,12 +42,12 @@ def messages_of(
     bits: DataFrame,
     day_start_ms: int,
     fold: bool,
-) -> tuple[DataFrame, DataFrame]:
+) -> tuple[DataFrame, DataFrame | None]:
     """(messages, consumers): each message's lines folded (``per_message``) with the groups it
-    is expected to reach, and the consumer lines that built it: when ``fold``, whole lines
-    shuffled together with the producer's (nothing else reads them); else grouped per message
-    and group and shuffled on their own (``by_message``), for ``pairing.pair_contributions``
-    to read the same shuffle."""
+    is expected to reach, and, for the exact path only, the consumer lines that built it,
+    grouped per message and group and shuffled on their own (``by_message``), for
+    ``pairing.pair_contributions`` to read the same shuffle. When ``fold``, whole lines are
+    shuffled together with the producer's and nothing else reads them: consumers is None."""
     expected = log_facts.local_frame(
         producer_raw.sparkSession, facts.expectations, facts.expectation_columns()
     )
@@ -65,7 +65,7 @@ def messages_of(
         expected,
         facts.words,
     )
-    return messages, consumers
+    return messages, None if fold else consumers
 
 
 def rolled(
