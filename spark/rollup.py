@@ -7,6 +7,7 @@ of several groups, orphans, lines on both sides of the deadline) take the exact 
 """
 
 from collections.abc import Callable
+from contextlib import contextmanager
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Observation
@@ -17,6 +18,12 @@ from spark import log_facts, metrics, pairing, transforms
 # Messages the exact path broadcasts to pick their lines out of the consumer logs; more are
 # joined by a shuffle.
 EXACT_BROADCAST_LIMIT = 1_000_000
+# The rollup's shuffle partitions, by size: its rows are wide (the evidence's fields and some
+# thirty counts) and compress about 30x in the shuffle, so Spark's default of 64 MB per
+# partition gives a day with millions of evidence rows (a missing consumer log: every message
+# of the group unverified) final-aggregate tasks that hold GBs and spill: 5M such rows took
+# 13.7 s of task CPU in 3 tasks, 9.2 s in 8. Capped by ``spark.sql.shuffle.partitions``.
+ROLLUP_PARTITION_BYTES = 8 << 20
 # Above this share of possibly several-group lines (``LogFacts.multi_group_lines``) among the
 # producer lines, the audit joins every message to its lines instead of folding them.
 FOLD_MAX_MULTI_GROUP_SHARE = 0.2
@@ -192,4 +199,22 @@ def _checkpoint(frame: DataFrame, one_partition: bool = False) -> DataFrame:
     and join of the outputs, so each output is one stage instead of a chain of shuffles."""
     if one_partition:
         frame = frame.repartition(1)
-    return frame.localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
+    with _advisory_partition_bytes(frame.sparkSession, ROLLUP_PARTITION_BYTES):
+        return frame.localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
+
+
+@contextmanager
+def _advisory_partition_bytes(spark, size: int):
+    """Adaptive execution's target partition size set to ``size`` while the block runs (an
+    eager checkpoint: the one job it plans), then restored. The main pass's own shuffle has a
+    fixed count (``transforms.by_message``): this reaches the rollup's."""
+    key = "spark.sql.adaptive.advisoryPartitionSizeInBytes"
+    before = spark.conf.get(key, None)
+    spark.conf.set(key, str(size))
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, before)

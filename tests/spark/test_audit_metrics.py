@@ -293,6 +293,24 @@ def test_it_reports_a_confirmed_message_nobody_consumed_as_lost_with_evidence(sp
     )
 
 
+def test_the_rollup_sizes_its_partitions_for_itself_and_leaves_the_session_as_it_was(spark, audit):
+    key = "spark.sql.adaptive.advisoryPartitionSizeInBytes"
+    day = {
+        "producers": [publish("m1", at(10)), publish("m2", at(10, 1))],
+        "consumers": [consume("m2", at(10, 1, 1))],
+    }
+    spark.conf.set(key, "123456")
+    try:
+        totals, _ = audit(**day)
+        assert (totals["lost"], totals["delivered_unique"]) == (1, 1)
+        assert spark.conf.get(key) == "123456"
+    finally:
+        spark.conf.unset(key)
+    default = spark.conf.get(key)
+    audit(**day)
+    assert spark.conf.get(key) == default
+
+
 def test_it_does_not_expect_unconfirmed_or_returned_messages(audit):
     totals, _ = audit(
         producers=[
