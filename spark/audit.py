@@ -156,7 +156,7 @@ def audit_frames(
     # A first pass that finds any unbound pair is followed by a second one, so it need not
     # list evidence on those pairs: without bindings that would be a row per message, rolled
     # up and checkpointed only to be thrown away. Without any, it lists everything it must.
-    rolled = rollup.rolled(
+    rolled, listed = rollup.rolled(
         facts,
         producer_raw,
         consumer_raw,
@@ -177,7 +177,7 @@ def audit_frames(
             now_ms,
             observed=expectations.observed_expectations(spans),
         )
-        rolled = rollup.rolled(
+        rolled, listed = rollup.rolled(
             facts, producer_raw, consumer_raw, store, day_start_ms, grace_ms, now_ms
         )
     by_key, overall = metrics.nearest_rank_quantiles(
@@ -204,10 +204,12 @@ def audit_frames(
             sla_ms,
             now_ms,
         ),
-        "lost": evidence.lost_evidence(rolled, facts.provenance, day_start_ms),
-        "duplicates": evidence.duplicate_evidence(rolled),
-        "orphans": evidence.orphan_evidence(rolled),
-        "unclaimed": evidence.unclaimed_evidence(rolled),
+        "lost": evidence.lost_evidence(
+            evidence.listing(rolled, listed, "lost"), facts.provenance, day_start_ms
+        ),
+        "duplicates": evidence.duplicate_evidence(evidence.listing(rolled, listed, "duplicates")),
+        "orphans": evidence.orphan_evidence(evidence.listing(rolled, listed, "orphans")),
+        "unclaimed": evidence.unclaimed_evidence(evidence.listing(rolled, listed, "unclaimed")),
         "input_gaps": evidence.gap_evidence(gaps),
         "expectations": provenance.selectExpr(
             "exchange",

@@ -11,6 +11,30 @@ from spark.log_facts import local_frame
 from spark.metrics import DUP_CAUSES
 from spark.schema import HOUR_MS
 
+_DUPLICATED = "greatest(" + ", ".join(f"evidence.dup_{c}" for c in DUP_CAUSES) + ") > 0"
+# The rolled rows each evidence output lists (a SQL condition on a row of ``rollup.rolled``).
+# ``rollup`` counts them while it checkpoints the rollup, so an output with none is written
+# empty without reading the rollup again (on a day with millions of unverified pairs, each
+# such read was a second of task CPU).
+LISTED = {
+    "lost": "evidence.lost",
+    # lost and unclaimed rows need not be exploded to be dropped
+    "duplicates": f"NOT orphan AND evidence IS NOT NULL AND ({_DUPLICATED})",
+    "orphans": "orphan",
+    "unclaimed": "evidence.unclaimed",
+}
+
+
+def listed_counts(where: str = "TRUE") -> dict[str, str]:
+    """``LISTED`` as aggregates: name -> count of the rows (of those ``where`` holds)."""
+    return {name: f"count_if(({listed}) AND {where})" for name, listed in LISTED.items()}
+
+
+def listing(rolled: DataFrame, listed: dict[str, int], name: str) -> DataFrame:
+    """``rolled`` for the output ``name``, or, when ``listed`` (``listed_counts``' values)
+    says it lists nothing, the same frame emptied: the optimizer then drops its read."""
+    return rolled if listed[name] else rolled.where(F.lit(False))
+
 
 def expected_by_segments(provenance, day_start_ms: int) -> list[tuple]:
     """``log_facts.PROVENANCE_COLUMNS`` rows -> (exchange, routing_key, consumer_group,
@@ -40,7 +64,7 @@ def lost_evidence(rolled: DataFrame, provenance, day_start_ms: int) -> DataFrame
     (``provenance``: ``log_facts.PROVENANCE_COLUMNS`` rows; configured, bound, observed), looked
     up in ``expected_by_segments`` on the driver: the lost rows, as many as the day's messages on
     a day a log is missing, take one broadcast join each and are never grouped."""
-    lost = rolled.where("evidence.lost").selectExpr(
+    lost = rolled.where(LISTED["lost"]).selectExpr(
         "window_ms",
         "timestamp_millis(window_ms) AS window_start",
         "exchange",
@@ -77,7 +101,7 @@ def lost_evidence(rolled: DataFrame, provenance, day_start_ms: int) -> DataFrame
 
 def unclaimed_evidence(rolled: DataFrame) -> DataFrame:
     """The confirmed messages no group was expected to receive."""
-    return rolled.where("evidence.unclaimed").selectExpr(
+    return rolled.where(LISTED["unclaimed"]).selectExpr(
         "timestamp_millis(window_ms) AS window_start",
         "exchange",
         "evidence.routing_key",
@@ -93,11 +117,7 @@ def duplicate_evidence(rolled: DataFrame) -> DataFrame:
         f"named_struct('cause', '{cause}', 'extra', evidence.dup_{cause})" for cause in DUP_CAUSES
     )
     return (
-        rolled.where(
-            "NOT orphan AND evidence IS NOT NULL AND greatest("
-            + ", ".join(f"evidence.dup_{cause}" for cause in DUP_CAUSES)
-            + ") > 0"
-        )  # lost and unclaimed rows need not be exploded to be dropped
+        rolled.where(LISTED["duplicates"])
         .selectExpr("*", f"explode(array({causes})) AS c")
         .where("c.extra > 0")
         .selectExpr(
@@ -116,7 +136,7 @@ def duplicate_evidence(rolled: DataFrame) -> DataFrame:
 def orphan_evidence(rolled: DataFrame) -> DataFrame:
     """One row per orphan line (identical lines once each)."""
     return (
-        rolled.where("orphan")
+        rolled.where(LISTED["orphans"])
         .selectExpr("*", "explode(array_repeat(0, CAST(lines AS int)))")
         .selectExpr(
             "timestamp_millis(window_ms) AS window_start",

@@ -13,7 +13,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 
-from spark import log_facts, metrics, pairing, transforms
+from spark import evidence, log_facts, metrics, pairing, transforms
 
 # Messages the exact path broadcasts to pick their lines out of the consumer logs; more are
 # joined by a shuffle.
@@ -84,7 +84,7 @@ def rolled(
     grace_ms: int,
     now_ms: int,
     unbound_evidence: bool = True,
-) -> DataFrame:
+) -> tuple[DataFrame, dict[str, int]]:
     """One job shuffles the lines by message_id, folds them per message, builds the pairs of
     the messages the fold settles and stores their ``metrics.rollup`` as a local checkpoint,
     with a row for each message it does not settle; if there are any, a second job builds
@@ -92,7 +92,8 @@ def rolled(
     together. Every output reads that checkpoint. The checkpoint cuts the lineage: each output
     is planned over a one-node plan instead of the whole audit's (analysis, cache lookups and
     optimisation of that plan cost seconds per output). Its blocks go with the frames.
-    ``unbound_evidence``: as ``metrics.rollup``'s.
+    ``unbound_evidence``: as ``metrics.rollup``'s. Returns the checkpoint and, counted while
+    it was written, the rows each evidence output lists (``evidence.listed_counts``).
     """
     spark = producer_raw.sparkSession
     keys = log_facts.local_frame(spark, facts.keys, log_facts.KEY_COLUMNS)
@@ -145,7 +146,7 @@ def rolled(
             facts.bit_groups,
         )
     )
-    return _checkpoint(rolled_up(pairs), one_partition=True)
+    return _checkpoint(rolled_up(pairs), evidence.listed_counts(), one_partition=True)
 
 
 def _folded_rollup(
@@ -156,24 +157,25 @@ def _folded_rollup(
     day_start_ms: int,
     grace_ms: int,
     bit_groups: list[str],
-) -> DataFrame:
+) -> tuple[DataFrame, dict[str, int]]:
     """The rollup of ``pairing.message_pairs``, plus that of the exact path's pairs for the
-    messages the fold left (their lines picked out of the consumer logs again), checkpointed."""
+    messages the fold left (their lines picked out of the consumer logs again), checkpointed;
+    with the counts of ``evidence.listed_counts``."""
     # Kept in the rollup's partitions: the messages left for the exact path have a row each,
-    # and they could be many.
-    # The messages left for the exact path are counted while the checkpoint is written (an
-    # observed metric of its job), not by a job reading it again.
-    left = Observation("exact_messages")
-    first_pass = _checkpoint(
-        rolled_up(
-            pairing.message_pairs(messages, day_start_ms, grace_ms, bit_groups), ("exact",)
-        ).observe(left, F.expr("count_if(exact IS NOT NULL) AS messages"))
+    # and they could be many. They are counted while the checkpoint is written.
+    first_pass, counts = _checkpoint(
+        rolled_up(pairing.message_pairs(messages, day_start_ms, grace_ms, bit_groups), ("exact",)),
+        {
+            "exact_messages": "count_if(exact IS NOT NULL)",
+            **evidence.listed_counts("exact IS NULL"),
+        },
     )
     settled = first_pass.where("exact IS NULL").drop("exact")
     exact = first_pass.where("exact IS NOT NULL").select("exact.*")
-    exact_messages = left.get["messages"]
+    exact_messages = counts.pop("exact_messages")
     if not exact_messages:
-        return settled.coalesce(1)  # one partition, as _checkpoint's, without a second copy
+        # one partition, as _checkpoint's, without a second copy
+        return settled.coalesce(1), counts
     # The exact path: the messages the first pass could not fold, with their lines.
     ids = exact.select("message_id")
     lines = transforms.valid_lines(consumer_raw).join(
@@ -190,17 +192,26 @@ def _folded_rollup(
             bit_groups,
         )
     )
-    return _checkpoint(settled.unionByName(rolled_up(pairs)), one_partition=True)
+    return _checkpoint(
+        settled.unionByName(rolled_up(pairs)), evidence.listed_counts(), one_partition=True
+    )
 
 
-def _checkpoint(frame: DataFrame, one_partition: bool = False) -> DataFrame:
-    """``frame`` computed here, eagerly, once; the checkpoint cuts its lineage. The final
-    rollup goes in one partition: it is small, and a single partition satisfies every grouping
-    and join of the outputs, so each output is one stage instead of a chain of shuffles."""
+def _checkpoint(
+    frame: DataFrame, counts: dict[str, str], one_partition: bool = False
+) -> tuple[DataFrame, dict[str, int]]:
+    """``frame`` computed here, eagerly, once; the checkpoint cuts its lineage. Returned with
+    ``counts`` (name -> SQL aggregate), observed while it is written: metrics of its job, not a
+    job reading it again. The final rollup goes in one partition: it is small, and a single
+    partition satisfies every grouping and join of the outputs, so each output is one stage
+    instead of a chain of shuffles."""
+    seen = Observation("checkpoint")
+    frame = frame.observe(seen, *[F.expr(f"{sql} AS {name}") for name, sql in counts.items()])
     if one_partition:
         frame = frame.repartition(1)
     with _advisory_partition_bytes(frame.sparkSession, ROLLUP_PARTITION_BYTES):
-        return frame.localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
+        checkpoint = frame.localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
+    return checkpoint, dict(seen.get)
 
 
 @contextmanager
