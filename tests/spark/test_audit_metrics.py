@@ -293,7 +293,10 @@ def test_it_reports_a_confirmed_message_nobody_consumed_as_lost_with_evidence(sp
     )
 
 
-def test_the_rollup_sizes_its_partitions_for_itself_and_leaves_the_session_as_it_was(spark, audit):
+def test_the_rollup_leaves_the_sessions_partition_size_as_it_found_it(spark, audit):
+    # The rollup sets its own size while it checkpoints (rollup.ROLLUP_PARTITION_BYTES; what
+    # that buys is measured in bench/audit.py, not here): the day comes out the same, and the
+    # caller's setting, or its absence, is back afterwards.
     key = "spark.sql.adaptive.advisoryPartitionSizeInBytes"
     day = {
         "producers": [publish("m1", at(10)), publish("m2", at(10, 1))],
@@ -306,9 +309,8 @@ def test_the_rollup_sizes_its_partitions_for_itself_and_leaves_the_session_as_it
         assert spark.conf.get(key) == "123456"
     finally:
         spark.conf.unset(key)
-    default = spark.conf.get(key)
     audit(**day)
-    assert spark.conf.get(key) == default
+    assert spark.conf.get(key, None) is None  # unset before, unset after
 
 
 def test_it_does_not_expect_unconfirmed_or_returned_messages(audit):
