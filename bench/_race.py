@@ -5,7 +5,7 @@
         ``basic.nack(multiple=True, requeue=False)`` every 1,000, so the broker dead-letters them
         while the collector drains.
     python -m bench._race raw-drain URL DLQ N DATABASE_URL
-        The raw contestant, written the way /work/shared/bench/drain_baseline.py drains (prefetch
+        The raw contestant, written the way bench/baselines/drain_baseline.py drains (prefetch
         2000, COPY 500 rows, commit, multiple-ack), on a quorum DLQ like recovery.dead_letters.
 
 Both print ``ready`` once they consume, so the parent starts its clock on work, not on imports.

@@ -1,4 +1,4 @@
-"""Full Spark audit vs the bare loss/duplicate query of ../shared/bench/audit_baseline.py.
+"""Full Spark audit vs the bare loss/duplicate query of bench/baselines/audit_baseline.py.
 
 Generates N publishes and ~N consumptions (0.1 % lost, 0.5 % delivered twice, as the baseline
 does) in the log schema (docs/design.md "The log contract"), Parquet partitioned dt=/hour=, then

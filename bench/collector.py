@@ -13,7 +13,7 @@ The timer starts at the first stored row once every collector process of the wor
 from the queue (the worker's own threads start a second or so before the extra processes it
 spawns, ``COLLECTOR_PROCESSES``), so start-up (Django, Celery) is not counted — the baseline does
 not count its imports either; the rate printed is the one a running collector drains at.
-Then runs ``/work/shared/bench/drain_baseline.py`` with the same N in a subprocess, against its
+Then runs ``bench/baselines/drain_baseline.py`` with the same N in a subprocess, against its
 own vhost and database, and prints ``collector / baseline``. With ``--rounds R`` (default 2)
 the pair runs R times, alternating, and the ratio uses the best of each (load from other
 processes only ever slows a run down). Prints, never asserts; also the CPU per message of the
@@ -73,7 +73,7 @@ from recovery.broker.management import Management  # noqa: E402
 from recovery.broker.topology import wire  # noqa: E402
 from recovery.collector.processes import collector_process_count  # noqa: E402
 
-BASELINE = Path("/work/shared/bench/drain_baseline.py")
+BASELINE = Path(__file__).resolve().parent / "baselines" / "drain_baseline.py"
 BODY = b"x" * 1024
 APP_QUEUE = "bench.work"
 DLQ = "recovery.dead_letters"

@@ -9,6 +9,7 @@ what the reliability costs against the raw async publisher measured in the same 
 Usage: python bench/confirm_modes.py [N]   (tx and confirm-each send N/10: they are slow)
 """
 
+import argparse
 import os
 import sys
 import tempfile
@@ -118,7 +119,11 @@ def reliable(url, n):
 
 
 def main():
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 50000
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "n", type=int, nargs="?", default=50000, help="messages (default %(default)s)"
+    )
+    n = parser.parse_args().n
     with private_vhost("lazarus-bench-confirm") as url:
         rows = [
             ("transaction per message", "tx", blocking(url, "tx", n // 10)),

@@ -6,7 +6,7 @@
 
 1. Stores N dead letters of 1 KiB (the baseline's body) in a private database, exactly as the
    collector stores them (COPY), for a private vhost's queue ``bench.replay``.
-2. Runs ``async_confirm(N)`` from /work/shared/bench/broker_baseline.py (pika, window 1000,
+2. Runs ``async_confirm(N)`` from bench/baselines/broker_baseline.py (pika, window 1000,
    persistent 1 KiB messages to a durable queue) in its own private vhost.
 3. Creates a replay job for the N messages at unlimited rate and runs it in this process with
    the engine a Celery worker uses (``JobRunner``); times it from start (including the snapshot
@@ -56,7 +56,7 @@ from recovery.models import ReplayAttempt  # noqa: E402
 from recovery.replay.jobs import create_job  # noqa: E402
 from recovery.replay.runner import JobRunner  # noqa: E402
 
-BASELINE = Path("/work/shared/bench/broker_baseline.py")
+BASELINE = Path(__file__).resolve().parent / "baselines" / "broker_baseline.py"
 BODY = b"x" * 1024
 QUEUE = "bench.replay"
 RATE_QUEUE = "bench.rate"

@@ -8,6 +8,7 @@ not have to hold the whole run.
 Usage: python bench/retry_cache_memory.py [N]   (default 1,000,000)
 """
 
+import argparse
 import os
 import resource
 import sys
@@ -38,7 +39,11 @@ def peak_mb():
 
 
 def main():
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "n", type=int, nargs="?", default=1_000_000, help="messages (default %(default)s)"
+    )
+    n = parser.parse_args().n
     checkpoints = {n // 10: "10%", n // 2: "50%", n: "100%"}
     with private_vhost("lazarus-bench-memory") as url, tempfile.TemporaryDirectory() as logs:
         connection = pika.BlockingConnection(pika.URLParameters(url))
