@@ -11,13 +11,12 @@ teams existed; a user in any team has only their teams' roles over their teams' 
 (the admin role, superusers) are global whatever their memberships.
 """
 
-import re
-
 from django.conf import settings
 from django.core.exceptions import FullResultSet, ValidationError
 from django.db import connection, models
 from django.db.models import Q
 
+from recovery.globs import glob_match
 from recovery.models.access import (
     ACTING_TEAM,
     ALL_PRIVILEGES,
@@ -117,11 +116,8 @@ class TeamScope(models.Model):
         if vhost != self.vhost:
             return False
         return bool(
-            (self.queue_pattern and re.match(glob_to_regex(self.queue_pattern), queue or ""))
-            or (
-                self.exchange_pattern
-                and re.match(glob_to_regex(self.exchange_pattern), exchange or "")
-            )
+            (self.queue_pattern and glob_match(self.queue_pattern, queue))
+            or (self.exchange_pattern and glob_match(self.exchange_pattern, exchange))
         )
 
 
@@ -357,11 +353,8 @@ class Scope:
         given must match its own pattern)."""
         scopes = TeamScope.objects.filter(team_id=team_id, vhost=vhost)
         return any(
-            (not queue or (s.queue_pattern and re.match(glob_to_regex(s.queue_pattern), queue)))
-            and (
-                not exchange
-                or (s.exchange_pattern and re.match(glob_to_regex(s.exchange_pattern), exchange))
-            )
+            (not queue or (s.queue_pattern and glob_match(s.queue_pattern, queue)))
+            and (not exchange or (s.exchange_pattern and glob_match(s.exchange_pattern, exchange)))
             for s in scopes
         )
 
