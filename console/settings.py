@@ -98,10 +98,20 @@ DEVELOPMENT_SECRET_KEY = "lazarus-development-only-secret-key-change-me-in-produ
 
 DEBUG = env_bool("DEBUG", False)
 SECRET_KEY = os.environ.get("SECRET_KEY") or ""
-if not SECRET_KEY:
+if not SECRET_KEY or SECRET_KEY == DEVELOPMENT_SECRET_KEY:
+    # The development key is published: anyone could sign sessions, password-reset and SSO
+    # state with it. Only a demo (DEBUG, as make run sets it) or the test suite (pytest sets
+    # PYTEST_VERSION for itself and the processes it starts) may run on it; anything else,
+    # a web, worker or release process, refuses to start (docs/production.md).
+    if not DEBUG and "PYTEST_VERSION" not in os.environ:
+        raise ImproperlyConfigured(
+            "SECRET_KEY is not set (or is the published development key) and DEBUG is off: "
+            "set SECRET_KEY to a long random value, e.g. "
+            "python -c 'import secrets; print(secrets.token_urlsafe(50))'."
+        )
     SECRET_KEY = DEVELOPMENT_SECRET_KEY
     warnings.warn(
-        "SECRET_KEY is not set: using the development key. Set SECRET_KEY in production.",
+        "SECRET_KEY is not set: using the development key (DEBUG or tests only).",
         RuntimeWarning,
         stacklevel=1,
     )
@@ -545,6 +555,11 @@ for _network in METRICS_ALLOWED_IPS:
             f"METRICS_ALLOWED_IPS: {_network!r} is not an address or network"
         ) from None
 METRICS_MAX_QUEUES = env_int("METRICS_MAX_QUEUES", 50, minimum=1)
+# A secret a monitoring system sends as "Authorization: Token <it>": /metrics in full and the
+# details of /healthz and /readyz, nothing else (no user, no page, no API). Empty: none.
+MONITORING_TOKEN = os.environ.get("MONITORING_TOKEN", "")
+if MONITORING_TOKEN and len(MONITORING_TOKEN) < 32:
+    raise ImproperlyConfigured("MONITORING_TOKEN: at least 32 characters (a random secret)")
 # Email notifications go through Django's SMTP backend with these.
 EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
 EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from console.settings import DEVELOPMENT_SECRET_KEY
+
 ROOT = Path(__file__).resolve().parents[2]
 
 PRODUCTION = {
@@ -67,3 +69,49 @@ def test_static_files_are_sent_with_nosniff(settings):
     response = Client().get("/static/console.css")
     assert response.status_code == 200
     assert response["X-Content-Type-Options"] == "nosniff"
+
+
+def outside_the_tests(*args, **env):
+    """``manage.py args`` as a deployment would run it: without the PYTEST_VERSION that
+    pytest exports (the test suite's own licence to use the development key)."""
+    unset = {*PRODUCTION, "DJANGO_ALLOW_ASYNC_UNSAFE", "PYTEST_VERSION"}
+    base = {k: v for k, v in os.environ.items() if k not in unset}
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("key", [None, DEVELOPMENT_SECRET_KEY])
+def test_it_refuses_to_start_on_the_development_key_with_debug_off(key):
+    env = {"DEBUG": "false", **({"SECRET_KEY": key} if key else {})}
+    result = outside_the_tests("check", **env)
+    assert result.returncode == 1
+    assert "ImproperlyConfigured: SECRET_KEY is not set (or is the published development key)" in (
+        result.stderr
+    )
+
+
+def test_a_demo_with_debug_on_starts_on_the_development_key():
+    result = outside_the_tests("check", DEBUG="true")
+    assert result.returncode == 0, result.stderr
+    assert "using the development key (DEBUG or tests only)" in result.stderr
+
+
+def test_a_real_key_with_debug_off_starts():
+    result = outside_the_tests("check", DEBUG="false", SECRET_KEY=PRODUCTION["SECRET_KEY"])
+    assert result.returncode == 0, result.stderr
+    assert "development key" not in result.stderr
+
+
+def test_the_release_step_runs_the_deploy_check_first():
+    release = next(
+        line.removeprefix("release:").strip()
+        for line in (ROOT / "Procfile").read_text().splitlines()
+        if line.startswith("release:")
+    )
+    assert release.startswith("python manage.py check --deploy && python manage.py migrate ")
