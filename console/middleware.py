@@ -3,7 +3,7 @@ from urllib.parse import urlparse
 from django.conf import settings
 from django.http import Http404
 
-from recovery.models import scope_of
+from recovery.api.auth import caller_scope
 from recovery.models.access import ACTING_TEAM
 
 
@@ -47,7 +47,8 @@ class TeamScopeMiddleware:
     marked ``team_scoped`` (it reads and writes through ``Scope``); any other view, one added
     later included, is a 404 for them. Django's own views (login, admin: staff only) and the
     API schema carry no messages; API views are gated by ``RolePermission`` after their token
-    is read."""
+    is read. A console request with only an API token is judged by that token's scope (a
+    team token is a team caller), though the view itself still sees no user."""
 
     EXEMPT_MODULES = ("django.", "drf_spectacular.")
 
@@ -67,6 +68,9 @@ class TeamScopeMiddleware:
             return None
         if view_func.__module__.startswith(self.EXEMPT_MODULES):
             return None
-        if not request.user.is_authenticated or scope_of(request).is_global:
+        # A token-only request is anonymous to the view, but it is judged by the token's
+        # scope here: a team's token must not reach an unscoped view as "nobody".
+        scope = caller_scope(request)
+        if scope is None or scope.is_global:
             return None
         raise Http404("not available to team members")

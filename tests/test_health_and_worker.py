@@ -17,7 +17,7 @@ from tests.helpers import WorkerProcess, make_user, wait_for
 @pytest.mark.django_db(transaction=True)
 def test_healthz_reports_database_broker_and_collector(client, collector, wired):
     wait_for(lambda: CollectorHeartbeat.objects.exists(), message="a collector heartbeat")
-    client.force_login(make_user("health-viewer", "viewer"))  # anonymous callers get no detail
+    client.force_login(make_user("health-admin", "admin"))  # the detail is for global admins
     report = client.get("/healthz").json()
     assert report["database"]["ok"] and report["broker"]["ok"]
     assert report["collector"]["running"]
@@ -101,10 +101,10 @@ def test_anonymous_healthz_says_up_or_down_and_nothing_else(client, collector, w
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_api_token_sees_the_details(client, collector, wired):
+def test_an_admins_api_token_sees_the_details(client, collector, wired):
     from recovery.models import ApiToken
 
-    _token, raw = ApiToken.issue(make_user("health-bot", "viewer"))
+    _token, raw = ApiToken.issue(make_user("health-bot", "admin"))
     report = client.get("/healthz", HTTP_AUTHORIZATION=f"Token {raw}").json()
     assert "collector" in report
 
@@ -136,7 +136,7 @@ def test_it_tells_anonymous_readyz_callers_only_up_or_down(client, settings, wir
         "migrations": {"ok": True},
         "broker": {"ok": False},
     }
-    client.force_login(make_user("ready-viewer", "viewer"))
+    client.force_login(make_user("ready-admin", "admin"))  # a viewer gets up/down (#46)
     detailed = client.get("/readyz").json()
     assert detailed["migrations"] == {"ok": True, "unapplied": 0}
     assert "error" in detailed["broker"]

@@ -1,24 +1,21 @@
 """Health endpoints: /livez (the process answers), /readyz (it can serve), /healthz (details).
 
-/livez and /readyz are for an orchestrator's probes and say nothing an attacker could use:
-anonymous callers of /readyz get up or down per dependency; a logged-in user or an API token
-also gets the unapplied-migration count and the error text. /healthz has the collector's
-detail (worker hosts and pids, queue names and depths, last errors): anonymous callers get
-only whether the database and the broker are up; a logged-in user or an API token gets
-everything.
+Every caller, anonymous, a team's member, any API token, gets up or down per dependency and
+nothing else: the collector's detail (worker hosts and pids, queue names and depths, last
+errors, which can quote any team's row) and /readyz's error texts and unapplied-migration
+count are told only to a global admin (logged in, or by an admin's token acting as itself)
+and to MONITORING_TOKEN (docs/security.md, "Metrics and health").
 """
-
-import contextlib
 
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
-from recovery.api.auth import HashedTokenAuthentication
+from recovery.api.auth import caller_scope, is_monitoring
 from recovery.broker.connection import connect
 from recovery.collector.health import collector_health
-from recovery.models import team_scoped
+from recovery.models import Role, team_scoped
 from recovery.search import index as search_index
 
 PROBE_TIMEOUT_S = 3
@@ -34,13 +31,13 @@ def _database_ok():
 
 
 def _may_see_details(request):
-    if request.user.is_authenticated:
+    if is_monitoring(request):
         return True
-    with contextlib.suppress(Exception):
-        return HashedTokenAuthentication().authenticate(request) is not None
-    return False
+    scope = caller_scope(request)
+    return scope is not None and scope.is_global and scope.has_role(Role.ADMIN)
 
 
+@team_scoped  # up or down only, unless the caller may see every team's detail
 @require_GET
 def healthz(request):
     report = {"database": _database_ok(), "broker": {"ok": True}}
@@ -53,7 +50,7 @@ def healthz(request):
                 "ok": ok,
                 "database": {"ok": report["database"]["ok"]},
                 "broker": {"ok": report["broker"]["ok"]},
-                "detail": "Log in or send an API token (Authorization: Token …) for the details.",
+                "detail": "The details are for global admins and MONITORING_TOKEN.",
             },
             status=200 if ok else 503,
         )
@@ -74,8 +71,8 @@ def livez(request):
 @require_GET
 def readyz(request):
     """Readiness: the database answers with every migration applied, and the broker accepts a
-    connection. 503 names the check that failed; only a logged-in user or an API token is told
-    more than up or down (the error text, how many migrations are unapplied)."""
+    connection. 503 names the check that failed; only a global admin or MONITORING_TOKEN is
+    told more than up or down (the error text, how many migrations are unapplied)."""
     checks = {"database": _database_ok()}
     if checks["database"]["ok"]:
         try:

@@ -8,8 +8,8 @@ from an aggregate the store already keeps (the counts table, heartbeats, jobs, t
 audit, alert rules), so a scrape costs a few indexed queries at a million stored messages.
 
 Series count is bounded: per-queue series only for the METRICS_MAX_QUEUES queues with the most
-open messages; the rest are summed into ``queue="__other__"``. Not public: an API token, a
-logged-in session, or a client address in METRICS_ALLOWED_IPS.
+open messages; the rest are summed into ``queue="__other__"``. Not public, and not for
+teams: see ``_refusal`` (docs/security.md, "Metrics and health").
 """
 
 import datetime
@@ -23,7 +23,7 @@ from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from recovery.api.auth import HashedTokenAuthentication
+from recovery.api.auth import caller_scope, is_monitoring
 from recovery.broker import tally
 from recovery.models import (
     OPEN,
@@ -35,31 +35,45 @@ from recovery.models import (
     NotificationChannel,
     ReplayJob,
     Role,
-    has_role,
+    team_scoped,
 )
 
 OTHER = "__other__"
 HEARTBEAT_FRESH = datetime.timedelta(seconds=60)
 
 
-def _allowed(request):
-    """A client address in METRICS_ALLOWED_IPS (addresses or networks), or a viewer: logged in,
-    or by API token."""
+def _refusal(request):
+    """Why /metrics is refused, as (status, text), or None.
+
+    The series cover every team (queue names, counts, rule names), so only a global caller
+    reads them: a client address in METRICS_ALLOWED_IPS sending no credentials (the
+    scraper's network), MONITORING_TOKEN, or a global viewer or better (logged in, or by an
+    API token acting as its user). A team's member or a team's token gets 403, whatever its
+    address: credentials are judged as what they are, and no per-team series are made."""
+    if is_monitoring(request):
+        return None
+    has_credentials = request.user.is_authenticated or "HTTP_AUTHORIZATION" in request.META
+    if not has_credentials:
+        if _address_allowed(request):
+            return None
+        return 401, "metrics need an API token, a login, or METRICS_ALLOWED_IPS\n"
+    scope = caller_scope(request)
+    if scope is None:
+        return 401, "metrics need an API token, a login, or METRICS_ALLOWED_IPS\n"
+    if not scope.is_global:
+        return 403, "metrics cover every team: a team's member or token cannot read them\n"
+    if not scope.has_role(Role.VIEWER):
+        return 403, "metrics need a role (viewer or better)\n"
+    return None
+
+
+def _address_allowed(request):
     try:
         client = ipaddress.ip_address(request.META.get("REMOTE_ADDR", ""))
     except ValueError:
-        client = None
+        return False
     networks = [ipaddress.ip_network(n, strict=False) for n in settings.METRICS_ALLOWED_IPS]
-    if client is not None and any(client in network for network in networks):
-        return True
-    user = request.user if request.user.is_authenticated else None
-    if user is None:
-        try:
-            found = HashedTokenAuthentication().authenticate(request)
-        except Exception:  # noqa: BLE001 - a bad token is simply not allowed
-            found = None
-        user = found[0] if found else None
-    return user is not None and has_role(user, Role.VIEWER)
+    return any(client in network for network in networks)
 
 
 class StoreCollector:
@@ -241,15 +255,16 @@ class StoreCollector:
         yield from (unknown, hour)
 
 
+# Team callers reach the view (the middleware would answer 404) to be told why: 403.
+@team_scoped
 @require_GET
 def metrics(request):
-    if not _allowed(request):
-        response = HttpResponse(
-            "metrics need an API token, a login, or METRICS_ALLOWED_IPS\n",
-            status=401,
-            content_type="text/plain",
-        )
-        response["WWW-Authenticate"] = "Token"
+    refused = _refusal(request)
+    if refused is not None:
+        status, text = refused
+        response = HttpResponse(text, status=status, content_type="text/plain")
+        if status == 401:
+            response["WWW-Authenticate"] = "Token"
         return response
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StoreCollector())
