@@ -14,8 +14,26 @@ A regular expression runs with a time limit (the ``regex`` package's ``timeout``
 MASK_REGEX_TIMEOUT_MS): a rule that backtracks catastrophically on some body cannot hold a
 worker. When a rule cannot finish, the content is withheld whole (``WITHHELD``) and says so:
 failing closed, never showing what the rule was meant to hide.
+
+JSON paths and bodies that are not one plain UTF-8 document (#46): a JSON path is applied to
+every body that *looks* like JSON (its first character past a byte-order mark and white space is
+``{`` or ``[``), however it is written, and a body that looks like JSON but cannot be read
+unambiguously is withheld whole (``WITHHELD_JSON``), never shown as stored:
+
+- a byte-order mark (UTF-8, as .NET writes; UTF-16 and UTF-32) is read past, and kept;
+- bytes that are not UTF-8 are read as the mark says, as UTF-16/32 when RFC 4627's null-byte
+  pattern says so and the text then looks like JSON, else as Latin-1 (each byte one character:
+  any ASCII-compatible 8-bit charset's JSON punctuation reads right), and the masked text is
+  written back the same way;
+- a key an object holds more than once is masked in every occurrence (``json.loads`` keeps the
+  last one only: a path would miss the first), and every occurrence stays shown;
+- several documents, one a line (NDJSON), are masked line by line;
+- anything else (a cut document, a syntax error, a line of NDJSON that is not JSON) is withheld.
+What a JSON path does not reach: JSON inside other text (a log line, XML, a form field) and a
+body that does not start as JSON; regular expressions are for those.
 """
 
+import codecs
 import copy
 import dataclasses
 import json
@@ -25,10 +43,24 @@ import regex
 from django.conf import settings
 
 from recovery.bodies.decode import ENCODERS, DecodeError
-from recovery.collector.rows import label_message
+from recovery.dead_letters import label_message
 
 MASK = "[masked]"
 WITHHELD = "[withheld: a masking rule could not finish on this content in time]"
+WITHHELD_JSON = (
+    "[withheld: a JSON-path masking rule applies here, and this body looks like JSON "
+    "but cannot be read as JSON ({why})]"
+)
+WITHHELD_PREFIX = "[withheld: "
+BOM = "\ufeff"
+# Checked in this order: UTF-32 LE's mark starts with UTF-16 LE's.
+BYTE_ORDER_MARKS = (
+    (codecs.BOM_UTF32_LE, "utf-32-le"),
+    (codecs.BOM_UTF32_BE, "utf-32-be"),
+    (codecs.BOM_UTF8, "utf-8"),
+    (codecs.BOM_UTF16_LE, "utf-16-le"),
+    (codecs.BOM_UTF16_BE, "utf-16-be"),
+)
 
 # $.a.b, $['a key'], $.items[0], $.items[*].email, $..email (any depth), $.*
 _PATH_STEP = re.compile(
@@ -42,6 +74,14 @@ ANY = object()
 
 class MaskingTimeout(Exception):
     """A regular expression ran past MASK_REGEX_TIMEOUT_MS."""
+
+
+class UnreadableJson(Exception):
+    """A body a JSON path applies to looks like JSON but cannot be read as JSON."""
+
+
+def is_withheld(text):
+    return isinstance(text, str) and text.startswith(WITHHELD_PREFIX)
 
 
 def parse_json_path(text):
@@ -95,6 +135,24 @@ def compile_rule(kind, pattern):
     raise ValueError(f"unknown rule kind {kind!r}")
 
 
+class Repeated:
+    """The values, in order, of a key one JSON object holds more than once (as read by
+    ``loads``): each is masked and shown, none is dropped."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values):
+        self.values = values
+
+
+def _occurrences(value):
+    return value.values if isinstance(value, Repeated) else (value,)
+
+
+def _masked(value):
+    return Repeated([MASK] * len(value.values)) if isinstance(value, Repeated) else MASK
+
+
 def _children(node, kind, key):
     if kind == "key" and isinstance(node, dict):
         return list(node) if key is ANY else ([key] if key in node else [])
@@ -113,24 +171,135 @@ def _mask_path(node, steps, i=0):
     if kind == "deep":
         if isinstance(node, dict):
             for name in list(node):
-                if name == key:
-                    if last:
-                        node[name] = MASK
-                        masked += 1
-                        continue
-                    masked += _mask_path(node[name], steps, i + 1)
-                masked += _mask_path(node[name], steps, i)
+                if name == key and last:
+                    node[name] = _masked(node[name])
+                    masked += 1
+                    continue
+                for value in _occurrences(node[name]):
+                    if name == key:
+                        masked += _mask_path(value, steps, i + 1)
+                    masked += _mask_path(value, steps, i)
         elif isinstance(node, list):
             for item in node:
                 masked += _mask_path(item, steps, i)
         return masked
     for child in _children(node, kind, key):
         if last:
-            node[child] = MASK
+            node[child] = _masked(node[child])
             masked += 1
         else:
-            masked += _mask_path(node[child], steps, i + 1)
+            for value in _occurrences(node[child]):
+                masked += _mask_path(value, steps, i + 1)
     return masked
+
+
+def _object(pairs):
+    """``json.loads``'s object_pairs_hook: a dict, a repeated key's values kept (Repeated)."""
+    out = {}
+    for key, value in pairs:
+        if key not in out:
+            out[key] = value
+        elif isinstance(out[key], Repeated):
+            out[key].values.append(value)
+        else:
+            out[key] = Repeated([out[key], value])
+    return out
+
+
+def _has_repeated(value):
+    if isinstance(value, Repeated):
+        return True
+    if isinstance(value, dict):
+        return any(_has_repeated(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_repeated(v) for v in value)
+    return False
+
+
+def _dumps(value):
+    """JSON text of a value ``loads`` read, a repeated key written once per occurrence."""
+    if not _has_repeated(value):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, dict):
+        items = (
+            f"{json.dumps(key, ensure_ascii=False)}: {_dumps(one)}"
+            for key, item in value.items()
+            for one in _occurrences(item)
+        )
+        return "{" + ", ".join(items) + "}"
+    return "[" + ", ".join(_dumps(item) for item in value) + "]"
+
+
+def looks_like_json(text):
+    return text.lstrip(BOM + " \t\r\n")[:1] in ("{", "[")
+
+
+def _mask_json_document(text, paths):
+    """(masked text or ``text`` itself when no path reached anything, values masked);
+    UnreadableJson when it does not parse."""
+    try:
+        parsed = json.loads(text, object_pairs_hook=_object)
+    except ValueError as exc:
+        raise UnreadableJson(str(exc)) from None
+    masked = sum(_mask_path(parsed, steps) for steps in paths)
+    return (_dumps(parsed) if masked else text), masked
+
+
+def mask_json_text(text, paths):
+    """``text`` with the JSON paths masked when it looks like JSON (see the module's doc): one
+    document, or NDJSON line by line; a byte-order mark kept. UnreadableJson says why not."""
+    bom = BOM if text.startswith(BOM) else ""
+    inner = text[len(bom) :]
+    if not looks_like_json(inner):
+        return text
+    try:
+        shown, masked = _mask_json_document(inner, paths)
+    except UnreadableJson:
+        lines = inner.split("\n")
+        if len([line for line in lines if line.strip()]) < 2:
+            raise
+        shown, masked = _mask_lines(lines, paths)
+    return bom + shown if masked else text
+
+
+def _mask_lines(lines, paths):
+    out, masked = [], 0
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            out.append(line)
+            continue
+        try:
+            shown, n = _mask_json_document(line, paths)
+        except UnreadableJson as exc:
+            raise UnreadableJson(f"line {number} of {len(lines)}: {exc}") from None
+        out.append(shown)
+        masked += n
+    return "\n".join(out), masked
+
+
+def read_text(data):
+    """(text, encoding, byte-order mark) of body bytes as masking reads them: what a byte-order
+    mark names; UTF-16/32 by RFC 4627's null bytes when that reads as JSON (checked before
+    UTF-8: UTF-16 ASCII is valid UTF-8, with a NUL every other byte); UTF-8; else Latin-1 (each
+    byte one character). Encoding None when a byte-order mark's encoding does not decode."""
+    for mark, encoding in BYTE_ORDER_MARKS:
+        if data.startswith(mark):
+            try:
+                return data[len(mark) :].decode(encoding), encoding, mark
+            except UnicodeDecodeError:
+                return None, None, mark
+    guess = json.detect_encoding(data[:4])
+    if guess != "utf-8":
+        try:
+            text = data.decode(guess)
+        except UnicodeDecodeError:
+            text = None
+        if text is not None and looks_like_json(text):
+            return text, guess, b""
+    try:
+        return data.decode("utf-8"), "utf-8", b""
+    except UnicodeDecodeError:
+        return data.decode("latin-1"), "latin-1", b""
 
 
 class Masker:
@@ -181,44 +350,40 @@ class Masker:
         return value
 
     def text(self, text):
-        """A text body: JSON paths where it is a JSON document, then the regular expressions.
-        A body no path matched keeps its own formatting."""
+        """A text body: JSON paths where it looks like JSON (withheld whole when it cannot be
+        read as JSON: WITHHELD_JSON), then the regular expressions. A body no path matched
+        keeps its own formatting."""
         if text is None or not self:
             return text
         try:
             if self.paths:
-                text = self._json_text(text)
+                text = mask_json_text(text, self.paths)
             return self._sub(text)
         except (MaskingTimeout, RecursionError):
             return WITHHELD
-
-    def _json_text(self, text):
-        try:
-            parsed = json.loads(text)
-        except ValueError:
-            return text
-        if not isinstance(parsed, dict | list):
-            return text
-        masked = sum(_mask_path(parsed, steps) for steps in self.paths)
-        return json.dumps(parsed, ensure_ascii=False) if masked else text
+        except UnreadableJson as exc:
+            return WITHHELD_JSON.format(why=exc)
 
     def body(self, data):
-        """Body bytes as a viewer may have them: UTF-8 text masked as text; other bytes with
-        the regular expressions over their Latin-1 reading (each byte one character), so bytes
-        around a match stay as they are."""
+        """Body bytes as a viewer may have them: read as text (``read_text``: UTF-8, by its
+        byte-order mark, UTF-16/32 JSON, else Latin-1, each byte one character, so bytes around
+        a match stay as they are), masked as text, and written back the same way."""
         data = bytes(data)
         if not self:
             return data
-        try:
-            return self.text(data.decode("utf-8")).encode("utf-8")
-        except UnicodeDecodeError:
-            pass
-        if not self.regexes:
+        text, encoding, mark = read_text(data)
+        if encoding is None:
+            # A byte-order mark whose encoding does not decode: what a path would reach in it
+            # cannot be found, so it is not shown.
+            return WITHHELD_JSON.format(why=f"not {mark.hex(' ')}-marked text").encode()
+        shown = self.text(text)
+        if is_withheld(shown):
+            return shown.encode("utf-8")
+        if shown == text:
             return data
-        try:
-            return self._sub(data.decode("latin-1")).encode("latin-1")
-        except MaskingTimeout:
-            return WITHHELD.encode()
+        # backslashreplace: a character the encoding lacks came from a JSON \u escape the
+        # masked document was written back from: the escape again.
+        return mark + shown.encode(encoding, "backslashreplace")
 
     def stored(self, data, decoded):
         """The stored bytes as a viewer may have them (the raw views, a download, the API's
@@ -229,7 +394,7 @@ class Masker:
         hides its content from the rules as stored (and a reader undoes the layers in a
         moment), so it is re-encoded from its masked document through the same chain; where
         that cannot be done (the mask does not fit a protobuf field, a layer failed), the raw
-        bytes are withheld whole."""
+        bytes are withheld whole. Where the rules change nothing, the stored bytes as they are."""
         data = bytes(data)
         if not self:
             return data
@@ -239,9 +404,14 @@ class Masker:
             try:
                 if decoded.document is not None and decoded.value is not None:
                     masked = self._leaves(self.value(decoded.value))
-                    return decoded.encode(masked)
+                    return data if masked == decoded.value else decoded.encode(masked)
                 if decoded.text is not None:
-                    inner = self.text(decoded.text).encode("utf-8")
+                    text = self.text(decoded.text)
+                    if is_withheld(text):
+                        return text.encode("utf-8")
+                    if text == decoded.text:
+                        return data
+                    inner = text.encode("utf-8")
                     for layer in decoded.layers:
                         inner = ENCODERS[layer](inner)
                     return inner

@@ -221,8 +221,10 @@ MSGPACK = MsgpackDocument()
 
 
 def _json(data):
+    # From the bytes: json.loads reads past a byte-order mark (UTF-8, as .NET writes it) and
+    # reads UTF-16/32 by RFC 4627's null bytes, as the masking engine does (recovery.masking).
     try:
-        return json.loads(data.decode("utf-8"))
+        return json.loads(bytes(data))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise DecodeError(f"not JSON ({exc})") from exc
 
