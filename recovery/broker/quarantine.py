@@ -27,7 +27,7 @@ from django.conf import settings
 from recovery.broker.confirms import ConfirmingChannel
 from recovery.broker.connection import connect
 from recovery.client import headers as header_codec
-from recovery.collector.rows import DELIVERY_SCOPED_HEADERS
+from recovery.dead_letters import DELIVERY_SCOPED_HEADERS
 
 QUARANTINE_HEADERS = ("x-quarantine-reason", "x-quarantine-source", "x-quarantine-vhost")
 PREVIEW_BYTES = 4096

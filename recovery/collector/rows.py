@@ -19,7 +19,6 @@ at-least-once, the unique fingerprint makes the store exactly-once.
 """
 
 import datetime
-import functools
 import hashlib
 import json
 import re
@@ -28,36 +27,20 @@ from typing import NamedTuple
 
 from recovery.client import headers as header_codec
 from recovery.client.outbox import PROPERTY_NAMES
+from recovery.dead_letters import (
+    DELIVERY_SCOPED_HEADERS,
+    FIRST_DEATH_HEADERS,
+    LAST_DEATH_HEADERS,
+    REPLAY_COUNT,
+    REPLAY_ORIGIN,
+    exception_message,
+    exception_type,
+    label_message,
+)
+from recovery.dead_letters import header_text as _text
 from recovery.errors import UnstorableDelivery
 
 DEAD_LETTERS, UNROUTED, RETURNS, PARKED = "dead_letters", "unrouted", "returns", "parked"
-
-# Headers the broker sets on each delivery from *our* recovery queue, overwriting any the message
-# carried: quorum queues put their x-delivery-count on a redelivery (3.x: every return; 4.3:
-# failed ones), and from 4.3 x-acquired-count (every time a consumer was given it). 4.x turns
-# every x- annotation of a delivery into a header (mc_amqpl:protocol_state); for a quorum queue
-# those two are the per-delivery ones. They describe our queue, not the message, and differ
-# between a delivery and its redelivery, so they are neither stored nor part of the fingerprint
-# (and a replay strips them: recovery/replay/wire.py).
-DELIVERY_SCOPED_HEADERS = ("x-delivery-count", "x-acquired-count")
-
-# Headers frameworks use to say why a consumer gave up (Spring AMQP, our client, common custom).
-# An AMQP 1.0 consumer (RabbitMQ 4.0+) that settles with `modified` and `undeliverable-here`
-# dead-letters with its own message annotations, which reach us as headers: RabbitMQ's docs
-# show x-opt-dead-letter-reason (a sentence) and x-opt-dead-letter-category.
-EXCEPTION_TYPE_HEADERS = (
-    "x-exception-type",
-    "x-exception-class",
-    "exception-type",
-    "x-opt-dead-letter-category",
-)
-EXCEPTION_MESSAGE_HEADERS = (
-    "x-exception-message",
-    "x-exception",
-    "exception-message",
-    "x-recovery-detail",
-    "x-opt-dead-letter-reason",
-)
 
 # RabbitMQ 4.x hands an AMQP 1.0 message id (or correlation id) that AMQP 0-9-1 cannot carry
 # (binary, or a string longer than 255 bytes) as a header instead of the property.
@@ -100,21 +83,6 @@ class StoreRow(NamedTuple):
 
 
 ROW_COLUMNS = StoreRow._fields
-
-
-def _text(value, limit=None):
-    """A header or property value as database text (PostgreSQL text cannot hold NUL)."""
-    if type(value) is str and "\x00" not in value:
-        return value[:limit] if limit else value
-    if value is None:
-        return ""
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", "replace")
-    elif not isinstance(value, str):
-        value = str(value)
-    if "\x00" in value:
-        value = value.replace("\x00", "")
-    return value[:limit] if limit else value
 
 
 def _as_datetime(value):
@@ -184,35 +152,16 @@ def x_death_summary(x_death):
 _NUMBERS = re.compile(r"\d+")
 
 
-@functools.lru_cache(maxsize=4096)
-def label_message(exc_message):
-    """An exception message as a group label holds it: the first line, cut, numbers as ``#``
-    (ids and counts inside it would make every message its own group)."""
-    return _NUMBERS.sub("#", exc_message.splitlines()[0] if exc_message else "")[:200]
-
-
 def _group(where, reason, exc_type, exc_message):
     exc_message = label_message(exc_message)
     label = " · ".join(part for part in (where, reason, exc_type[:200], exc_message) if part)
     return hashlib.sha1(label.encode()).hexdigest(), label
 
 
-def _first_header(headers, names):
-    for name in names:
-        if name in headers:
-            return _text(headers[name])
-    return ""
-
-
-def exception_type(headers):
-    """The exception type a consumer framework named in these headers ('' if none)."""
-    return _first_header(headers, EXCEPTION_TYPE_HEADERS)
-
-
 def failure_group(where, reason, headers):
     """(key, label) grouping messages that failed the same way: where, reason, exception."""
-    exc_type = _first_header(headers, EXCEPTION_TYPE_HEADERS)
-    exc_message = _first_header(headers, EXCEPTION_MESSAGE_HEADERS)
+    exc_type = exception_type(headers)
+    exc_message = exception_message(headers)
     return _group(where or "(unknown)", reason, exc_type, exc_message)
 
 
@@ -327,10 +276,6 @@ def _origin(source, headers, exchange, routing_key) -> _Origin:
     )
 
 
-_FIRST_DEATH = ("x-first-death-queue", "x-first-death-reason", "x-first-death-exchange")
-_LAST_DEATH = ("x-last-death-queue", "x-last-death-reason", "x-last-death-exchange")
-
-
 class Unparked(NamedTuple):
     headers: dict
     queue: str  # the recovery queue it was parked from
@@ -362,7 +307,7 @@ def unpark(headers, names=None) -> Unparked:
     else:
         headers.pop("x-death", None)
     # Added by the broker as it parked it, when it had not died before (or, 3.13+, always).
-    for names_of_death in (_FIRST_DEATH, _LAST_DEATH):
+    for names_of_death in (FIRST_DEATH_HEADERS, LAST_DEATH_HEADERS):
         if _text(headers.get(names_of_death[0])) == queue:
             for name in names_of_death:
                 headers.pop(name, None)
@@ -401,8 +346,8 @@ def delivery_to_row(
     headers_text = _dumps(headers_json)
     properties_text = _dumps(properties_json)
 
-    replay_count = max(_as_int(headers.get("x-recovery-replay-count"), 0), 0)
-    origin_id = _as_int(headers.get("x-recovery-origin"), 0) or None
+    replay_count = max(_as_int(headers.get(REPLAY_COUNT), 0), 0)
+    origin_id = _as_int(headers.get(REPLAY_ORIGIN), 0) or None
     if origin_id is not None and not 0 < origin_id < 2**63:
         origin_id = None
     group_key, group_label = failure_group(origin.where, reason, headers)

@@ -10,28 +10,16 @@ import datetime
 import pika
 
 from recovery.client import headers as header_codec
-
-# Headers describing a previous life of the message; the broker writes fresh ones if it dies again,
-# and the store keeps the originals. The per-delivery counters of a quorum queue (x-delivery-count,
-# 4.3's x-acquired-count) describe a delivery from the queue it died in, not the message.
-STRIPPED_HEADERS = (
-    "x-death",
-    "x-first-death-queue",
-    "x-first-death-reason",
-    "x-first-death-exchange",
-    "x-last-death-queue",
-    "x-last-death-reason",
-    "x-last-death-exchange",
-    "x-delivery-count",
-    "x-acquired-count",
-    "x-recovery-kind",
-    "x-recovery-reason",
-    "x-recovery-exchange",
-    "x-recovery-routing-key",
-    "x-recovery-attempts",
-    "x-recovery-first-attempt-at",
-    "x-recovery-producer",
+from recovery.dead_letters import (
+    PREVIOUS_LIFE_HEADERS,
+    REPLAY_COUNT,
+    REPLAY_ORIGIN,
+    REPLAYED_AT,
+    REPLAYED_BY,
 )
+
+# The broker writes fresh ones if it dies again, and the store keeps the originals.
+STRIPPED_HEADERS = PREVIOUS_LIFE_HEADERS
 
 _STRIPPED = frozenset(STRIPPED_HEADERS)
 _PLAIN = frozenset((str, int, bool, type(None)))  # JSON values that are their AMQP value
@@ -70,10 +58,8 @@ def wire_from_columns(pk, properties_json, headers_json, body, replay_count, rep
         for name, value in headers_json.items()
         if name not in _STRIPPED
     }
-    headers["x-recovery-replay-count"] = replay_count + 1
-    headers["x-recovery-replayed-at"] = now or datetime.datetime.now(datetime.UTC).replace(
-        tzinfo=None
-    )
-    headers["x-recovery-replayed-by"] = replayed_by or "lazarus"
-    headers["x-recovery-origin"] = pk
+    headers[REPLAY_COUNT] = replay_count + 1
+    headers[REPLAYED_AT] = now or datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
+    headers[REPLAYED_BY] = replayed_by or "lazarus"
+    headers[REPLAY_ORIGIN] = pk
     return pika.BasicProperties(headers=headers, **props), bytes(body)
