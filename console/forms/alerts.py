@@ -40,6 +40,10 @@ class AlertRuleForm(forms.ModelForm):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        # Only the channels this rule may notify are offered (its team's; global: global).
+        self.fields["channels"].queryset = NotificationChannel.objects.filter(
+            team_id=self.instance.team_id
+        )
         self.fields["for_seconds"].min_value = 0
         self.fields["for_seconds"].max_value = 7 * 24 * 3600
         if self.instance.pk:
@@ -73,14 +77,15 @@ class AlertRuleForm(forms.ModelForm):
         if "params" in data and data.get("kind"):
             for problem in params_problems(data["kind"], data["params"]):
                 self.add_error("params", problem)
-        if self.instance.team_id is not None:  # a team's rule (made through the API)
-            fields = ("kind", "vhost", "queue", "exchange")
-            rule = AlertRule(
-                team_id=self.instance.team_id,
-                **{name: data.get(name, getattr(self.instance, name)) for name in fields},
-            )
-            for field, problem in rule.team_problems(data.get("channels") or []).items():
-                self.add_error(field if field in self.fields else None, problem)
+        # A team's rule (made through the API) stays in the team's scope; every rule notifies
+        # its own team's channels only (a global rule: global channels).
+        fields = ("kind", "vhost", "queue", "exchange")
+        rule = AlertRule(
+            team_id=self.instance.team_id,
+            **{name: data.get(name, getattr(self.instance, name)) for name in fields},
+        )
+        for field, problem in rule.team_problems(data.get("channels") or []).items():
+            self.add_error(field if field in self.fields else None, problem)
         return data
 
     def clean_for_seconds(self):

@@ -71,6 +71,12 @@ class InvalidParams(Exception):
     'partition'" on every evaluation)."""
 
 
+class OutsideTeamScope(Exception):
+    """A team's rule names what its team's scopes no longer cover (a scope removed or
+    narrowed since it was saved): it is not looked at, and its state is unknown, until it is
+    edited or the scope is given back."""
+
+
 class TallyUnknown(Exception):
     """The broker tally cannot say anything for the window (no sample, counters unreadable)."""
 
@@ -370,4 +376,8 @@ def run_check(rule, now, management=None) -> Check:
     problems = params_problems(rule.kind, rule.params)
     if problems:
         raise InvalidParams(f"the rule's params cannot be used ({'; '.join(problems)}): edit it")
+    # Checked each time, not only when saved: a team that lost the queue no longer watches it.
+    outside = rule.scope_problems()
+    if outside:
+        raise OutsideTeamScope(f"{'; '.join(outside.values())}: edit the rule or the team's scopes")
     return CHECKS[rule.kind](rule, now, management or Management())

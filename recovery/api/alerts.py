@@ -253,11 +253,14 @@ class ChannelWriteSerializer(serializers.ModelSerializer):
 
     def validate(self, attrs):
         if self.instance is not None and "team" in attrs:
+            # Every rule notifies channels of its own team only (global rules: global ones),
+            # so a channel any other team's rule or a global rule uses stays where it is.
             team = attrs["team"]
-            others = self.instance.rules.filter(team__isnull=False)
-            if others.exclude(team=team).exists():
+            rules = self.instance.rules.all()
+            others = rules.exclude(team=team) if team else rules.filter(team__isnull=False)
+            if others.exists():
                 raise serializers.ValidationError(
-                    {"team": ["another team's rules notify this channel"]}
+                    {"team": ["rules of another team (or global rules) notify this channel"]}
                 )
         if self.instance is not None and attrs.get("kind", self.instance.kind) != (
             self.instance.kind

@@ -88,9 +88,25 @@ class AlertRule(models.Model):
     TEAM_KINDS = (Kind.NEW_FAILURE_GROUP, Kind.OPEN_MESSAGES, Kind.OPEN_GROWTH)
 
     def team_problems(self, channels):
-        """Why this rule cannot be ``team``'s ({field: message}; empty when it can): it must
-        watch a vhost and a queue or exchange the team's scope covers, and notify only the
-        team's channels."""
+        """Why this rule cannot be saved so ({field: message}; empty when it can): a team's
+        rule must watch a vhost and a queue or exchange the team's scope covers; every rule
+        notifies only channels of its own team (a global rule only global channels: a team's
+        Slack must not get what a global rule reports of every team)."""
+        problems = {}
+        if any(channel.team_id != self.team_id for channel in channels):
+            problems["channels"] = (
+                "a global rule notifies only global channels"
+                if self.team_id is None
+                else "a team's rule notifies only the team's channels"
+            )
+        if self.team_id is None:
+            return problems
+        return {**self.scope_problems(), **problems}
+
+    def scope_problems(self):
+        """Why a team's rule may not watch what it names (empty when it may, or for a global
+        rule): asked when it is saved and again at each evaluation, since the team's scopes
+        may have changed since (``recovery.alerts.checks.run_check``)."""
         if self.team_id is None:
             return {}
         from recovery.models.teams import Scope
@@ -102,8 +118,6 @@ class AlertRule(models.Model):
             problems["vhost"] = "a team's rule names its vhost and a queue or an exchange"
         elif not Scope.covers(self.team_id, self.vhost, self.queue, self.exchange):
             problems["queue"] = "outside the team's scopes"
-        if any(channel.team_id != self.team_id for channel in channels):
-            problems["channels"] = "a team's rule notifies only the team's channels"
         return problems
 
     @property
@@ -292,7 +306,9 @@ class AlertRule(models.Model):
     def queue_notifications(self, event, now, check=None) -> int:
         """One outbox row per enabled channel (delivered later, outside any transaction, by
         ``recovery.alerts.deliver``); returns how many."""
-        channels = [c for c in self.channels.all() if c.enabled]
+        # Only channels of the rule's own team, whatever the rule and channel rows say now: a
+        # channel moved to another team since, or linked before that was refused, is skipped.
+        channels = [c for c in self.channels.all() if c.enabled and c.team_id == self.team_id]
         body = self.notification_payload(event, now, check)
         Notification.objects.bulk_create(
             Notification(rule=self, channel=c, event=event, payload=body, next_attempt_at=now)
