@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run Lazarus in the foreground: console, a Celery worker with the collector, demo traffic.
-# Ctrl-C stops every child.
+# Ctrl-C stops every child; the exit of the console, a worker or beat stops the rest (the demo
+# traffic's exit does not: see demo below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBUG=${DEBUG:-true}
@@ -13,7 +14,12 @@ $M ensure_admin
 $M collectstatic --noinput -v 0
 
 pids=()
-stop() { trap - INT TERM EXIT; kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
+demo_pid=""
+stop() {
+  trap - INT TERM EXIT
+  kill "${pids[@]}" $demo_pid 2>/dev/null || true
+  wait 2>/dev/null || true
+}
 trap stop INT TERM EXIT
 
 .venv/bin/celery -A console worker --collector -l info --concurrency 2 -Q "${CELERY_TASK_DEFAULT_QUEUE:-lazarus.tasks}" &
@@ -27,8 +33,26 @@ pids+=($!)
 pids+=($!)
 .venv/bin/celery -A console beat -l info -s var/celerybeat-schedule &
 pids+=($!)
-$M simulate --count 60 --rate 10 --every 30 &
-pids+=($!)
+# Demo traffic is not the product: when it exits (RabbitMQ down, the management plugin
+# restarting, a bug) it is said and started again after DEMO_RESTART_SECONDS, and the console,
+# workers and beat keep running. Only those are waited on below, so only their exit ends run.sh.
+demo() {
+  local child=""
+  trap '[ -n "$child" ] && kill "$child" 2>/dev/null; exit 0' INT TERM
+  while true; do
+    $M simulate --count 60 --rate 10 --every 30 &
+    child=$!
+    status=0
+    wait "$child" || status=$?
+    echo "run.sh: the demo traffic (manage.py simulate) exited ($status); the console and" \
+      "the collector keep running; restarting it in ${DEMO_RESTART_SECONDS:-30} s" >&2
+    sleep "${DEMO_RESTART_SECONDS:-30}" &
+    child=$!
+    wait "$child" || true
+  done
+}
+demo &
+demo_pid=$!
 # --nostatic: WhiteNoise serves /static/ behind the middleware (nosniff and the other headers),
 # as in production; runserver's own static handler would bypass them.
 $M runserver "127.0.0.1:$PORT" --noreload --nostatic &

@@ -39,6 +39,7 @@ class Observer:
         self.unrouted = collections.Counter()  # message_id -> copies seen on the AE
         self.crashes = {}  # (message_id, group) -> True if the connection really was closed
         self.drops = []  # connections closed per forced drop
+        self.skipped_faults = []  # why each fault that could not be injected was not
         self.last_event = time.monotonic()
 
     def _touch(self):
@@ -84,6 +85,16 @@ class Observer:
         with self._lock:
             self.drops.append(closed)
             self._touch()
+
+    def skipped(self, reason):
+        """A fault that could not be injected (connections.FaultSkipped): said, not raised."""
+        log.warning("simulate: %s", reason)
+        with self._lock:
+            self.skipped_faults.append(reason)
+
+    def skipped_reasons(self):
+        with self._lock:
+            return list(self.skipped_faults)
 
     def idle_for(self):
         return time.monotonic() - self.last_event

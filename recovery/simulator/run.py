@@ -145,6 +145,7 @@ class Simulation:
             taps.stop()
             taps.delete()
         truth = build_truth(plan, self.observer.snapshot(), self.bindings)
+        skipped = self._say_skipped(round_no)
         self.rounds.append(
             {
                 "round": round_no,
@@ -152,6 +153,7 @@ class Simulation:
                 "finished_at": _now(),
                 "complete": complete,
                 "totals": truth["totals"],
+                "faults_skipped": skipped,
             }
         )
         self.messages.update(truth["messages"])
@@ -160,6 +162,17 @@ class Simulation:
             self.messages_dropped += 1
         self.totals = add_totals(self.totals, truth["totals"])
         return truth
+
+    def _say_skipped(self, round_no):
+        """Say which faults were not injected (the management API unreachable): the round ran
+        without them, and its truth counts only the closes that happened."""
+        skipped = self.observer.skipped_reasons()
+        if skipped:
+            self.out(
+                f"WARNING: round {round_no}: {len(skipped)} fault(s) skipped, the RabbitMQ "
+                f"management API is unreachable: {skipped[0]}"
+            )
+        return len(skipped)
 
     def _declare(self):
         connection = self._connect("setup")
