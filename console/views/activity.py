@@ -6,7 +6,7 @@ from django.views.decorators.http import require_GET
 
 from console.access import viewer_required
 from console.forms.people import ActivityFilterForm
-from console.views.paging import newest_first_page, query_without
+from console.views.paging import anchor_of, newest_first_page, query_without
 from recovery.models import Activity, scope_of, team_scoped
 
 PAGE_SIZE = 100
@@ -23,7 +23,10 @@ def activity_list(request):
         queryset = scope_of(request).activity(
             form.apply(Activity.objects.select_related("user", "message", "job", "acting_team"))
         )
-        page = newest_first_page(queryset, request.GET.get("before"), PAGE_SIZE, "created_at")
+        visible = scope_of(request).activity(Activity.objects.all())
+        page = newest_first_page(
+            queryset, anchor_of(request), PAGE_SIZE, "created_at", visible=visible
+        )
         rows, next_before = page.rows, page.next_before
     ctx = {
         "form": form,

@@ -11,6 +11,7 @@ from django.views.decorators.http import require_GET
 
 from console.access import viewer_required
 from console.forms.audits import EvidenceFilterForm
+from console.forms.paging import anchor_of
 from recovery.models import AuditRun, Message, scope_of, team_scoped
 
 RUNS_PER_PAGE = 50
@@ -159,10 +160,11 @@ def headline(run, warnings, evidence_counts):
 @viewer_required
 @require_GET
 def audit_list(request):
-    before = request.GET.get("before", "")
+    before = anchor_of(request)
     runs = AuditRun.objects.order_by("-date", "-revision", "-id")
-    if before.isdigit():
-        anchor = AuditRun.objects.filter(pk=int(before)).first()
+    if before is not None:
+        # A day's run is every team's (each sees its own windows of it): no scope to look in.
+        anchor = AuditRun.objects.filter(pk=before).first()
         if anchor:
             runs = runs.filter(date__lte=anchor.date).exclude(
                 date=anchor.date, revision__gte=anchor.revision
@@ -294,9 +296,9 @@ def audit_evidence(request, pk):
     rows, next_after = [], None
     if form.is_valid():
         queryset = form.apply(run.evidence.filter(scope.audit_q()).order_by("id"))
-        after = request.GET.get("after", "")
-        if after.isdigit():
-            queryset = queryset.filter(id__gt=int(after))
+        after = anchor_of(request, "after")
+        if after is not None:
+            queryset = queryset.filter(id__gt=after)
         rows = list(queryset[: EVIDENCE_PER_PAGE + 1])
         if len(rows) > EVIDENCE_PER_PAGE:
             rows = rows[:EVIDENCE_PER_PAGE]

@@ -13,8 +13,10 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from console.access import viewer_required
-from console.views.paging import newest_first_page
+from console.views.paging import anchor_of, newest_first_page
+from recovery.bodies import DECODE_FIELDS
 from recovery.models import (
+    DecoderRule,
     Kind,
     Message,
     MessageCount,
@@ -26,7 +28,7 @@ from recovery.models import (
     team_scoped,
 )
 from recovery.models.counts import SAMPLE_BYTES, hourly_sparks, shown_sample
-from recovery.models.masking import privacy_of
+from recovery.models.masking import log_body_views, privacy_of
 from recovery.search.groups import group_counts
 
 PAGE_SIZE = 100
@@ -131,6 +133,8 @@ GROUP_PAGE_SIZE = 50
 def group_detail(request, key):
     """One failure group: a header card (reason, exception, queue, counts, first and last seen,
     a sample) and its messages, newest first, with a body preview each."""
+    if "\x00" in key:  # no key has one, and PostgreSQL refuses NUL in text (a 500)
+        raise Http404("No such failure group (or none of its messages is yours to see).")
     scope = scope_of(request)
     counts = next(iter(group_counts(MessageTotal.objects.filter(scope.q(), group_key=key))), None)
     privacy = privacy_of(scope)
@@ -149,15 +153,27 @@ def group_detail(request, key):
             "vhost",
             "source_queue",
             "source_exchange",
+            # How the body decodes: a masked preview is read through the decoder chain.
+            *DECODE_FIELDS,
         )
         .annotate(preview=Substr("body", 1, SAMPLE_BYTES, output_field=BinaryField()))
     )
-    page = newest_first_page(messages, request.GET.get("before"), GROUP_PAGE_SIZE, "collected_at")
+    page = newest_first_page(
+        messages, anchor_of(request), GROUP_PAGE_SIZE, "collected_at", visible=scope.messages()
+    )
     rows = attach_died_again(page.rows)
+    decoders = list(DecoderRule.objects.all())
+    shown = {}  # message id -> shown unmasked: the page's body reads, for the activity log
     for row in rows:
         # As the caller may see it: masked, or nothing for a metadata-only caller.
         masker, bodies = privacy(row.vhost, row.source_queue, row.source_exchange)
-        row.preview_line = shown_sample(bytes(row.preview or b""), masker, bodies)
+        row.preview_line = shown_sample(row, masker, bodies, decoders)
+        if bodies:
+            shown[row.pk] = not masker
+    group = details[key]
+    if group["sample_read"]:
+        shown.setdefault(group["sample_id"], not group["sample_masked"])
+    log_body_views(request.user, shown, "group_preview")
     back = urlencode({"group": key})
     return render(
         request,

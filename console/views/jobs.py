@@ -10,7 +10,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from console.access import operator_required, viewer_required
 from console.forms.replay import MAX_BULK_IDS, JobForm, add_engine_errors
-from console.views.paging import newest_first_page, query_without
+from console.views.paging import anchor_of, newest_first_page, query_without
 from recovery.errors import ReplayError
 from recovery.models import (
     ReplayJob,
@@ -21,7 +21,7 @@ from recovery.models import (
     team_scoped,
 )
 from recovery.models.masking import privacy_of
-from recovery.replay.jobs import create_job, describe_target, dry_run
+from recovery.replay.jobs import create_job, describe_target, dry_run, resume_job
 from recovery.replay.safety import job_breaker
 
 PAGE_SIZE = 50
@@ -33,12 +33,8 @@ POLL_SECONDS = 1
 @viewer_required
 @require_GET
 def job_list(request):
-    page = newest_first_page(
-        scope_of(request).jobs(ReplayJob.objects.select_related("created_by")),
-        request.GET.get("before"),
-        PAGE_SIZE,
-        "created_at",
-    )
+    jobs = scope_of(request).jobs(ReplayJob.objects.select_related("created_by"))
+    page = newest_first_page(jobs, anchor_of(request), PAGE_SIZE, "created_at", visible=jobs)
     any_active = any(job.is_active for job in page.rows)
     ctx = {
         "jobs": page.rows,
@@ -138,12 +134,14 @@ def rest_query(job):
     return query.urlencode()
 
 
-def latest_attempts(job):
-    """The job's newest attempts, each saying whether its message died again since."""
+def latest_attempts(job, scope):
+    """The job's newest attempts, each saying whether its message died again since (linking
+    only to copies the caller may see: one may die in another team's queue)."""
     return job.mark_died_again(
         job.attempts.select_related("message")
         .only("created_at", "exchange", "routing_key", "outcome", "detail", "message__message_id")
-        .order_by("-created_at", "-id")[:20]
+        .order_by("-created_at", "-id")[:20],
+        scope,
     )
 
 
@@ -159,8 +157,8 @@ def job_detail(request, pk):
         "job": job,
         "target": describe_target(job),
         "poll_seconds": POLL_SECONDS,
-        "attempts": latest_attempts(job),
-        "died_again": job.died_again(),
+        "attempts": latest_attempts(job, scope_of(request)),
+        "died_again": job.died_again(scope=scope_of(request)),
         "breaker": job_breaker(job, settings.REPLAY_BREAKER_MIN_SAMPLE),
         "eta": job.eta_seconds(),
         "canary_wait_left": job.canary_wait_left(),
@@ -175,8 +173,13 @@ def job_detail(request, pk):
 def _job_action(request, pk, method_name, done_message):
     job = get_object_or_404(scope_of(request).jobs(ReplayJob.objects.all(), Role.OPERATOR), pk=pk)
     error = None
+    # A resume looks at the creator's rights again (recovery.replay.jobs.resume_job).
+    if method_name == "resume":
+        action = lambda user, via: resume_job(job, user, via)  # noqa: E731
+    else:
+        action = getattr(job, method_name)
     try:
-        getattr(job, method_name)(request.user, via="console")
+        action(request.user, via="console")
     except (ValidationError, ReplayError) as exc:
         error = "; ".join(getattr(exc, "messages", None) or [str(exc)])
     if request.htmx:
@@ -185,8 +188,8 @@ def _job_action(request, pk, method_name, done_message):
             "job": job,
             "poll_seconds": POLL_SECONDS,
             "error": error,
-            "attempts": latest_attempts(job),
-            "died_again": job.died_again(),
+            "attempts": latest_attempts(job, scope_of(request)),
+            "died_again": job.died_again(scope=scope_of(request)),
             "breaker": job_breaker(job, settings.REPLAY_BREAKER_MIN_SAMPLE),
             "eta": job.eta_seconds(),
             "canary_wait_left": job.canary_wait_left(),

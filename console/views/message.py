@@ -16,6 +16,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from console.access import operator_required, viewer_required
+from console.forms.reasons import ReasonForm
 from console.forms.replay import DiscardForm, EditReplayForm, TargetForm, add_engine_errors
 from recovery.bodies import DECODE_FIELDS, readable
 from recovery.client import headers as header_codec
@@ -425,8 +426,11 @@ def message_unmask(request, pk):
     message = get_object_or_404(scope_of(request).messages(), pk=pk)
     if not scope_of(request).may(Privilege.UNMASK, message):
         raise PermissionDenied("unmasking needs the unmask privilege")
+    reasons = ReasonForm(request.POST)
     try:
-        unmask = Unmask.grant(request.user, message, request.POST.get("reason", ""))
+        if not reasons.is_valid():
+            raise ValidationError(reasons.error_text())
+        unmask = Unmask.grant(request.user, message, reasons.cleaned_data["reason"])
     except ValidationError as exc:
         flash.error(request, _error_text(exc))
     else:

@@ -13,8 +13,9 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from console.access import operator_required, viewer_required
+from console.forms.reasons import ReasonForm
 from console.forms.replay import BulkActionForm
-from console.views.paging import newest_first_page, query_without
+from console.views.paging import anchor_of, newest_first_page, query_without
 from recovery.errors import ReplayError
 from recovery.export import export_lines, prepare_export
 from recovery.models import (
@@ -60,15 +61,16 @@ def _page(form, before, scope):
     """One newest-first page. A free-text search gets a time limit: a term made only of very
     common trigrams (short numbers, say) can make PostgreSQL recheck most of the store."""
     queryset = scope.messages(form.apply(Message.objects.only(*LIST_COLUMNS), scope))
+    visible = scope.messages()
     if not form.cleaned_data.get("q"):
-        page = newest_first_page(queryset, before, PAGE_SIZE, "collected_at")
+        page = newest_first_page(queryset, before, PAGE_SIZE, "collected_at", visible=visible)
         return attach_died_again(page.rows), page.next_before
     unsearched = scope.messages(
         apply_filters(Message.objects.only(*LIST_COLUMNS), {**form.cleaned_data, "q": ""}, scope)
     )
     with transaction.atomic(), planner_settings(statement_timeout=SEARCH_TIMEOUT_MS):
         queryset = narrow_search(queryset, form.cleaned_data, unsearched)
-        page = newest_first_page(queryset, before, PAGE_SIZE, "collected_at")
+        page = newest_first_page(queryset, before, PAGE_SIZE, "collected_at", visible=visible)
     # Outside the search's time limit: one probe of msg_origin per replayed row of the page.
     return attach_died_again(page.rows), page.next_before
 
@@ -82,7 +84,7 @@ def message_list(request):
     rows, next_before, search_error = [], None, None
     if form.is_valid():
         try:
-            rows, next_before = _page(form, request.GET.get("before"), scope_of(request))
+            rows, next_before = _page(form, anchor_of(request), scope_of(request))
         except OperationalError:
             search_error = (
                 f"The search took longer than {SEARCH_TIMEOUT_MS // 1000} s and was stopped. "
@@ -183,7 +185,11 @@ def message_by_filter(request, action):
     named = filters is not None and names_a_filter(filters)
     changed = None
     if request.method == "POST" and named:
-        extra = {"reason": request.POST.get("reason", "")} if action == "discard" else {}
+        reasons = ReasonForm(request.POST)
+        if not reasons.is_valid():
+            flash.error(request, reasons.error_text())
+            return redirect(reverse("messages") + "?" + query)
+        extra = {"reason": reasons.cleaned_data["reason"]} if action == "discard" else {}
         try:
             changed, remaining = change(
                 request.user, filters, "console", scope=scope_of(request), **extra

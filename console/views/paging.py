@@ -6,6 +6,10 @@ row's (timestamp, id), which the (-timestamp, -id) indexes answer directly. No O
 
 from dataclasses import dataclass
 
+from console.forms.paging import anchor_of
+
+__all__ = ["Page", "anchor_of", "newest_first_page", "query_without"]
+
 
 @dataclass
 class Page:
@@ -13,14 +17,15 @@ class Page:
     next_before: int | None
 
 
-def newest_first_page(queryset, before, size, time_field):
-    """Rows of ``queryset`` (ordered by -time_field, -id) older than the row with pk ``before``."""
-    if before:
-        anchor = (
-            queryset.model.objects.filter(pk=before).values(time_field, "id").first()
-            if str(before).isdigit()
-            else None
-        )
+def newest_first_page(queryset, before, size, time_field, *, visible):
+    """Rows of ``queryset`` (ordered by -time_field, -id) older than the row with pk ``before``
+    (an int from ``anchor_of``, or None).
+
+    ``visible``: the rows the caller may see (their scope, without the page's filters). The
+    anchor is looked up there only: an id outside it behaves exactly as an id no row has (the
+    first page), or a page would tell whether another team's id exists, and when."""
+    if before is not None:
+        anchor = visible.filter(pk=before).values(time_field, "id").first()
         if anchor is not None:
             queryset = queryset.filter(**{f"{time_field}__lte": anchor[time_field]}).exclude(
                 **{time_field: anchor[time_field], "id__gte": anchor["id"]}
