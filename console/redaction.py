@@ -27,14 +27,25 @@ def mask(text):
     return _DSN_PASSWORD.sub(lambda m: f"{m['head']}{MASK}", text)
 
 
-def _masked(value):
+# Deeper than this a container is not walked (a list that holds itself would never end).
+MAX_DEPTH = 20
+
+
+def _masked(value, depth=0):
     if isinstance(value, str):
         return mask(value)
+    if not isinstance(value, dict | list | tuple):
+        return value
+    if depth >= MAX_DEPTH:
+        return f"{type(value).__name__} (nested too deep to show)"
     if isinstance(value, dict):
-        return {key: _masked(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_masked(item) for item in value)
-    return value
+        return {key: _masked(item, depth + 1) for key, item in value.items()}
+    items = [_masked(item, depth + 1) for item in value]
+    if isinstance(value, list):
+        return items
+    # A named tuple's constructor takes its fields one by one, not an iterable: a frame
+    # variable of one crashed the debug page, then logging (#46).
+    return type(value)._make(items) if hasattr(value, "_make") else tuple(items)
 
 
 class CredentialFilter(SafeExceptionReporterFilter):
