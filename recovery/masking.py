@@ -43,7 +43,11 @@ import regex
 from django.conf import settings
 
 from recovery.bodies.decode import ENCODERS, DecodeError
-from recovery.dead_letters import label_message
+from recovery.dead_letters import (
+    EXCEPTION_MESSAGE_HEADERS,
+    EXCEPTION_TYPE_HEADERS,
+    label_message,
+)
 
 MASK = "[masked]"
 WITHHELD = "[withheld: a masking rule could not finish on this content in time]"
@@ -455,6 +459,19 @@ class Masker:
                         label = label.replace(shown, MASK)
         return self.free_text(label)
 
+    def label_without_headers(self, label):
+        """A failure group's label when the headers it was made from are gone (the history of
+        a message retention deleted): where a header rule names an exception header, all but
+        the label's place and reason (its first two parts) is masked, failing closed since the
+        values to cut out are unknown; then the regular expressions."""
+        if not label or not self:
+            return label
+        if self.header_names & LABEL_HEADERS:
+            parts = label.split(" · ")
+            if len(parts) > 2:
+                label = " · ".join([*parts[:2], MASK])
+        return self.free_text(label)
+
     def free_text(self, text):
         """Free text that may quote content (a notification line, an activity detail)."""
         if not text or not self.regexes:
@@ -465,6 +482,8 @@ class Masker:
             return WITHHELD
 
 
+# The headers a failure group's label quotes (recovery.collector.rows.failure_group).
+LABEL_HEADERS = frozenset(EXCEPTION_TYPE_HEADERS + EXCEPTION_MESSAGE_HEADERS)
 NO_MASKING = Masker()
 
 

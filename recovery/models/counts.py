@@ -2,6 +2,7 @@
 written by triggers in the same statements that insert, change or delete messages, folded by a
 beat task; and the queries over them (the overview, the failure groups, /metrics)."""
 
+import dataclasses
 import datetime
 import json
 
@@ -9,8 +10,9 @@ from django.db import connection, models
 from django.db.models import Q, Sum
 from django.utils import timezone
 
+from recovery.bodies import readable
 from recovery.client import headers as header_codec
-from recovery.collector.rows import exception_type
+from recovery.dead_letters import exception_type
 
 
 def fold_deltas(cur, table, key, carried=None):
@@ -316,12 +318,13 @@ def hourly_sums(start, end, scope_q=None):
     )
 
 
-def group_details(keys, where=("true", ()), privacy=None):
+def group_details(keys, where=("true", ()), privacy=None, samples=True):
     """Label, kind, source and exact first/last collection time per group (index probes);
     ``where``: (SQL, params) over recovery_message, a caller's scope (``Scope.where_sql``);
     ``privacy``: ``(vhost, queue, exchange) -> (masker, may read bodies)`` for the caller
     (recovery.masking): the exception header and the sample line are shown as they may see
-    them. None: unmasked (the system's own use)."""
+    them. None: unmasked (the system's own use). ``samples`` False: no sample line (labels
+    only: no body is decoded or masked)."""
     if not keys:
         return {}
     where_sql, where_params = where
@@ -333,47 +336,124 @@ def group_details(keys, where=("true", ()), privacy=None):
                    (SELECT recovery_message.collected_at FROM recovery_message
                     WHERE recovery_message.group_key = g.key AND ({where_sql})
                     ORDER BY recovery_message.collected_at, recovery_message.id LIMIT 1),
-                   newest.headers, newest.sample, newest.vhost
+                   newest.headers, newest.sample, newest.vhost, newest.id, newest.body_size,
+                   newest.content_type, newest.content_encoding, newest.properties
             FROM unnest(%s::text[]) AS g(key)
             CROSS JOIN LATERAL (
                 SELECT group_label, kind, reason, source_queue, source_exchange, collected_at,
-                       headers, substring(body from 1 for %s) AS sample, vhost
+                       headers, substring(body from 1 for %s) AS sample, vhost, id, body_size,
+                       content_type, content_encoding, properties
                 FROM recovery_message WHERE recovery_message.group_key = g.key AND ({where_sql})
                 ORDER BY recovery_message.collected_at DESC, recovery_message.id DESC LIMIT 1
             ) AS newest
             """,
             [*where_params, list(keys), SAMPLE_BYTES, *where_params],
         )
-        columns = ["key", "label", "kind", "reason", "queue", "exchange", "last", "first"]
         details = {}
+        decoders = []  # loaded once, at the first masked sample
         for row in cur.fetchall():
-            detail = dict(zip(columns, row[:8], strict=True))
-            # A raw cursor gives jsonb as its text (Django decodes it in the field, not here).
-            headers = json.loads(row[8]) if isinstance(row[8], str) else row[8] or {}
-            sample = bytes(row[9] or b"")
-            masker, bodies = privacy(row[10], row[4], row[5]) if privacy else (None, True)
-            if masker is not None:
-                detail["label"] = masker.label(detail["label"], headers)
-                headers = masker.headers(headers)
-            detail["exception"] = exception_type(header_codec.headers_from_json(headers))
-            detail["sample"] = shown_sample(sample, masker, bodies)
-            details[row[0]] = detail
+            details[row[0]] = _group_detail(row, privacy, samples, decoders)
         return details
+
+
+DETAIL_COLUMNS = ["key", "label", "kind", "reason", "queue", "exchange", "last", "first"]
+
+
+def _group_detail(row, privacy, samples, decoders):
+    detail = dict(zip(DETAIL_COLUMNS, row[:8], strict=True))
+    # A raw cursor gives jsonb as its text (Django decodes it in the field, not here).
+    headers = _jsonb(row[8]) or {}
+    masker, bodies = privacy(row[10], row[4], row[5]) if privacy else (None, True)
+    if masker is not None:
+        detail["label"] = masker.label(detail["label"], headers)
+        headers = masker.headers(headers)
+    detail["exception"] = exception_type(header_codec.headers_from_json(headers))
+    if not samples:
+        return detail
+    if masker and not decoders:
+        decoders.append(_decoder_rules())
+    # The message the sample is read from, and how (the group page logs a body view).
+    detail["sample_id"] = row[11]
+    detail["sample_read"], detail["sample_masked"] = bodies, bool(masker)
+    sample = SampleOf(
+        vhost=row[10],
+        source_queue=row[4],
+        source_exchange=row[5],
+        content_type=row[13],
+        content_encoding=row[14],
+        properties=_jsonb(row[15]) or {},
+        body_size=row[12],
+        preview=bytes(row[9] or b""),
+    )
+    detail["sample"] = shown_sample(sample, masker, bodies, decoders[0] if decoders else None)
+    return detail
+
+
+def _jsonb(value):
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _decoder_rules():
+    from recovery.models.decoders import DecoderRule
+
+    return list(DecoderRule.objects.all())
+
+
+@dataclasses.dataclass
+class SampleOf:
+    """What a sample line is read from: the first SAMPLE_BYTES of a body (``preview``), and
+    what says how the body decodes (recovery.bodies.DECODE_FIELDS)."""
+
+    vhost: str
+    source_queue: str
+    source_exchange: str
+    content_type: str
+    content_encoding: str
+    properties: dict
+    body_size: int | None
+    preview: bytes
 
 
 # How much of a group's newest body its sample line is read from.
 SAMPLE_BYTES = 400
 
 
-def shown_sample(sample, masker, bodies):
+MASKED_SAMPLE = "(masked: open a message to see its body)"
+
+
+def shown_sample(message, masker, bodies, decoders=None):
+    """A body's sample line as a caller may see it. ``message``: a SampleOf, or a Message with
+    its first SAMPLE_BYTES as ``preview`` and the DECODE_FIELDS loaded; ``decoders``: the
+    DecoderRules, loaded once for a page (None: read here).
+
+    Masked, the sample goes through the decoder chain the message's own page uses (base64,
+    gzip, protobuf, Avro...: masking its stored bytes would show what the rules hide, as it is
+    once the layers are undone) and is masked decoded. A sample that is not the whole body
+    cannot be decoded or parsed as the rules need it (a cut document): it is not shown."""
     if not bodies:
         return "(metadata only: no body)"
-    if masker:
-        if masker.paths and len(sample) >= SAMPLE_BYTES:
-            # A cut JSON document does not parse: its paths could not be masked.
-            return "(masked: open a message to see its body)"
-        sample = masker.body(sample)
-    return sample_line(sample)
+    sample = bytes(message.preview or b"")
+    if not masker:
+        return sample_line(sample)
+    size = message.body_size
+    whole = len(sample) >= size if size is not None else len(sample) < SAMPLE_BYTES
+    decoded = readable(message, decoders, body=sample)
+    if decoded is not None:
+        return _decoded_sample(masker, decoded) if whole else MASKED_SAMPLE
+    if masker.paths and not whole:
+        return MASKED_SAMPLE
+    return sample_line(masker.body(sample))
+
+
+def _decoded_sample(masker, decoded):
+    if decoded.error is not None:
+        return MASKED_SAMPLE  # what the rules would reach in it cannot be found
+    shown = masker.decoded(decoded)
+    if shown.value is not None:
+        return _first_line(json.dumps(shown.value, ensure_ascii=False, default=str))
+    if shown.text is not None:
+        return _first_line(shown.text)
+    return sample_line(shown.data)
 
 
 def sample_line(body):
@@ -385,6 +465,10 @@ def sample_line(body):
         if exc.start < len(body) - 4:  # not just a character cut at SAMPLE_BYTES
             return f"(binary, starts {body[:8].hex(' ')})"
         text = body[: exc.start].decode("utf-8")
+    return _first_line(text)
+
+
+def _first_line(text):
     line = text.strip().split("\n", 1)[0].strip()
     return line[:120] + ("…" if len(line) > 120 else "")
 

@@ -248,6 +248,21 @@ def log_body_view(user, message_id, via, how, unmasked=False):
     )
 
 
+def log_body_views(user, shown, how, via="console"):
+    """``log_body_view`` for many bodies at once, one statement (a group page's previews):
+    ``shown`` maps each message id to whether it was shown unmasked."""
+    Activity.objects.bulk_create(
+        Activity(
+            user=user,
+            action="body_view",
+            message_id=pk,
+            via=via,
+            detail={"message": pk, "how": how, "unmasked": unmasked},
+        )
+        for pk, unmasked in shown.items()
+    )
+
+
 def privacy_of(scope, rules=None):
     """``(vhost, queue, exchange) -> (masker, may read bodies)`` for rows that are not whole
     messages (a failure group's newest sample)."""
