@@ -5,8 +5,13 @@ django-axes counts failed logins and locks **a username at one address**
 guessing, behind the office NAT or the VPN egress locks that account there, not everyone there.
 Two wider limits are read here from axes' own attempt records:
 
-- **spraying**: an address with LOGIN_ADDRESS_FAILURE_LIMIT (100) failures across usernames is
-  refused for every username (a scanner guessing many accounts from one host);
+- **spraying**: an address with LOGIN_ADDRESS_FAILURE_LIMIT (100) failures across usernames
+  (a scanner guessing many accounts from one host, or random usernames sent to lock an office
+  out) is slowed, never locked: from it, a username that has failed there may be tried once
+  per LOGIN_SLOWDOWN_SECONDS; a username that has not failed there (the office's other users,
+  a break-glass superuser) goes straight to its password check. Everyone behind the address
+  still gets in; a guesser gets one try per username every few seconds, and axes locks each
+  username there at LOGIN_FAILURE_LIMIT as before;
 - **a username attacked from several addresses** (LOGIN_FAILURE_LIMIT failures in all, from two
   addresses or more) is slowed, not locked: each address may try it once per
   LOGIN_SLOWDOWN_SECONDS. Its owner, at an address that has not failed, logs in at once; an
@@ -60,38 +65,53 @@ def username_pressure(username):
     return row["n"] or 0, row["addresses"]
 
 
-def refusal(username, address):
-    """Why a login attempt is refused before its password is checked, or None.
-
-    (django-axes refuses the locked username-at-address pairs itself, with 429.)"""
-    if address and address_failures(address) >= settings.LOGIN_ADDRESS_FAILURE_LIMIT:
-        return (
-            f"Too many failed logins from your address ({address}) for several accounts: "
-            "logins from it are refused for now. An admin can lift this on the Users page."
-        )
-    if not username:
-        return None
-    failures, addresses = username_pressure(username)
-    if failures < settings.AXES_FAILURE_LIMIT or addresses < 2:
-        return None
+def _wait_left(username, address):
+    """Seconds before ``username`` may be tried again from ``address`` (one try per
+    LOGIN_SLOWDOWN_SECONDS after its last failure there), or None: now."""
     last = (
         _recent()
         .filter(username=username, ip_address=address)
         .aggregate(last=Max("attempt_time"))["last"]
     )
-    wait = settings.LOGIN_SLOWDOWN_SECONDS
-    if last is None or timezone.now() - last >= datetime.timedelta(seconds=wait):
+    wait = datetime.timedelta(seconds=settings.LOGIN_SLOWDOWN_SECONDS)
+    if last is None or timezone.now() - last >= wait:
         return None
-    left = wait - (timezone.now() - last).total_seconds()
+    return max(1, round((wait - (timezone.now() - last)).total_seconds()))
+
+
+def refusal(username, address):
+    """Why a login attempt is refused before its password is checked, or None.
+
+    (django-axes refuses the locked username-at-address pairs itself, with 429.) Nothing here
+    refuses a username that has not failed from the caller's address: no failures of other
+    usernames, from there or anywhere, can lock its owner out."""
+    if not username:
+        return None
+    wait = settings.LOGIN_SLOWDOWN_SECONDS
+    if address and address_failures(address) >= settings.LOGIN_ADDRESS_FAILURE_LIMIT:
+        left = _wait_left(username, address)
+        if left is None:
+            return None
+        return (
+            f"Too many failed logins from your address ({address}) for several accounts, so "
+            f"each account that failed from it may be tried once every {wait} s: try again in "
+            f"{left} s. An admin can lift this on the Users page."
+        )
+    failures, addresses = username_pressure(username)
+    if failures < settings.AXES_FAILURE_LIMIT or addresses < 2:
+        return None
+    left = _wait_left(username, address)
+    if left is None:
+        return None
     return (
         f"This account has failed logins from several addresses, so each address may try it "
-        f"once every {wait} s: try again in {max(1, round(left))} s."
+        f"once every {wait} s: try again in {left} s."
     )
 
 
 def lockouts():
-    """What is refused now, for the Users page: username-at-address locks (axes), addresses
-    over the spraying limit, and usernames being slowed."""
+    """What is refused or slowed now, for the Users page: username-at-address locks (axes),
+    addresses over the spraying limit (slowed), and usernames being slowed."""
     recent = _recent()
     limit = settings.AXES_FAILURE_LIMIT
     pairs = [

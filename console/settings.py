@@ -128,6 +128,9 @@ DATABASES = {"default": database_from_url(DATABASE_URL)}
 # takes (the search indexer's) taken on DATABASE_DIRECT_URL, a direct route to the same
 # database (its host, port, user and password; the database name is DATABASE_URL's).
 DATABASE_POOLED = env_bool("DATABASE_POOLED", False)
+# Each statement a web request runs is cancelled past this (console/query_budget.py): the request
+# answers 503 "narrow your filter". 0: unbounded.
+REQUEST_STATEMENT_TIMEOUT_MS = env_int("REQUEST_STATEMENT_TIMEOUT_MS", 5000, minimum=0)
 DATABASE_DIRECT_URL = os.environ.get("DATABASE_DIRECT_URL", "")
 if DATABASE_DIRECT_URL:
     env_url("DATABASE_DIRECT_URL", None, ("postgres", "postgresql"))
@@ -190,6 +193,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    "console.query_budget.QueryBudgetMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -206,7 +210,8 @@ MIDDLEWARE = [
 # Login throttling (console/login_guard.py, django-axes): LOGIN_FAILURE_LIMIT failed logins of
 # one username from one client address lock that pair for LOGIN_LOCKOUT_MINUTES (or until an admin
 # unlocks it on the users page); LOGIN_ADDRESS_FAILURE_LIMIT failures from one address across
-# usernames refuse that address; a username failing from several addresses is slowed to one
+# usernames slow that address (each username that failed there: one try per
+# LOGIN_SLOWDOWN_SECONDS; a username that has not failed there is not held up); a username failing from several addresses is slowed to one
 # attempt per LOGIN_SLOWDOWN_SECONDS per address, never locked. API tokens are not passwords and
 # are not affected.
 AUTHENTICATION_BACKENDS = [
