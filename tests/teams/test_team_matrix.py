@@ -1,6 +1,7 @@
 """The cross-team matrix (#31): every console URL pattern (walked from Django's resolver) and
 every API operation (from the OpenAPI schema drf-spectacular generates) is called by team B's
-user and by team B's tokens, with URL parameters filled with team A's objects. None of team A's
+user and by team B's tokens (user and team: on every console route as well as every API
+operation, #46), with URL parameters filled with team A's objects. None of team A's
 message ids, queue names, bodies, rule or channel names may come back, and every write must be
 refused and change nothing of A's.
 
@@ -307,6 +308,7 @@ def test_team_b_sees_and_changes_nothing_of_team_a(teams, settings):
             session.post(path, WRITE_FIELDS_FORM)
 
     for who, raw in teams["b_tokens"].items():
+        _console_with_token(urls, who, raw)
         api = Client(HTTP_AUTHORIZATION=f"Token {raw}")
         for method, path in operations:
             if method == "GET":
@@ -337,6 +339,26 @@ def test_team_b_sees_and_changes_nothing_of_team_a(teams, settings):
         f"/audits/{SHARED_RUN}/evidence",
     ):
         assert _leaks(session.get(path), path), path
+
+
+def _console_with_token(urls, who, raw):
+    """#46: every console route with only B's token (no session): console views never act as
+    a token's user, and the ones that read a token themselves (/metrics, /healthz, /readyz)
+    judge it with its team. Nothing of A's may come back, and no write may land."""
+    client = Client(HTTP_AUTHORIZATION=f"Token {raw}")
+    for url in urls:
+        path = "/" + url
+        _check_get(client.get(path), f"{who} (console)", path)
+        _check_get(client.get(path, SEARCHES), f"{who} (console)", path)
+        response = client.post(path, WRITE_FIELDS_FORM)
+        assert response.status_code < 500, f"{who} POST {path}: {response.status_code}"
+        assert not _leaks(response, path), f"{who} POST {path} shows {_leaks(response, path)}"
+        if str(A_BASE) in path:
+            assert _refused(response), f"{who} POST {path}: {response.status_code}"
+    # The routes that do read a token refuse B's or tell it up or down only.
+    assert client.get("/metrics").status_code == 403
+    assert set(client.get("/healthz").json()) == {"ok", "database", "broker", "detail"}
+    assert "unapplied" not in client.get("/readyz").json().get("migrations", {})
 
 
 WRITE_FIELDS_FORM = {
