@@ -40,7 +40,8 @@ from recovery.models import (
     scope_of,
     team_scoped,
 )
-from recovery.models.masking import privacy_of
+from recovery.models.alerts import mask_for_display
+from recovery.models.masking import MaskingRules, privacy_of
 
 TOP_SOURCES = 15
 MANAGEMENT_TIMEOUT_SECONDS = 3
@@ -132,6 +133,14 @@ def what_changed(now, scope):
         where=scope.where_sql(),
         privacy=privacy_of(scope),
     )
+    alerts = list(
+        scope.owned(AlertRule.objects)
+        .filter(state__in=[AlertRule.State.FIRING, AlertRule.State.UNKNOWN])
+        .order_by("state", "name")
+        .only("id", "team_id", "name", "state", "last_summary", "last_error", "last_items")[:10]
+    )
+    # Their summaries are the badges' tooltips: masked as the alert pages mask them.
+    mask_for_display(alerts)
     state = tally.state(now) if scope.is_global else None
     last15, capped15 = collected_since(now - datetime.timedelta(minutes=15), scope.messages())
     last60, capped60 = collected_since(now - datetime.timedelta(minutes=60), scope.messages())
@@ -143,12 +152,7 @@ def what_changed(now, scope):
         "last60": last60,
         "capped60": capped60,
         "per_minute": round(last15 / 15, 1),
-        "alerts": list(
-            scope.owned(AlertRule.objects)
-            .filter(state__in=[AlertRule.State.FIRING, AlertRule.State.UNKNOWN])
-            .order_by("state", "name")
-            .only("id", "name", "state", "last_summary", "last_error")[:10]
-        ),
+        "alerts": alerts,
         "tally": state,
         "tally_known": state is not None and not (state["stale"] or state["unreadable"]),
     }
@@ -245,7 +249,7 @@ def overview_live(request):
     scope = scope_of(request)
     health = collector_health()
     ctx = {
-        "health": health if scope.is_global else without_error_text(health),
+        "health": masked_errors(health) if scope.is_global else without_error_text(health),
         "queues": broker_queues(scope),
         "now": timezone.now(),
     }
@@ -253,3 +257,17 @@ def overview_live(request):
     if request.htmx:
         template += "#live"
     return render(request, template, ctx)
+
+
+def masked_errors(health):
+    """The collector's error texts (shown, and as tooltips) through every masking rule's
+    regular expressions: an error can quote the row it failed on, of any team's queue."""
+    masker = MaskingRules.load().team_masker(None)
+    if not masker:
+        return health
+    for row in [*health.get("sources", []), *health.get("threads", [])]:
+        if row.get("last_error"):
+            row["last_error"] = masker.free_text(row["last_error"])
+    if health.get("broker", {}).get("error"):
+        health["broker"]["error"] = masker.free_text(health["broker"]["error"])
+    return health

@@ -13,6 +13,7 @@ from django.db import models
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
+from recovery.bodies import readable
 from recovery.masking import NO_MASKING, Masker, compile_rule, masker_of
 from recovery.models.access import Activity, Privilege
 
@@ -220,7 +221,12 @@ def view_of(scope, user, message, rules=None):
     """The View of ``message`` for a caller (their Scope and user); ``rules``: loaded once.
     A message from ``with_unmask`` says whether it is unmasked; any other is looked up."""
     rules = MaskingRules.load() if rules is None else rules
+    bodies = scope.may(Privilege.BODIES, message)
     masker = rules.masker_for(message)
+    if masker and not changes_what_is_shown(masker, message, bodies):
+        # Masked means a rule changed what is shown (#46): a message no rule reaches is plain,
+        # editable by whoever may edit, with no unmask to ask for.
+        masker = NO_MASKING
     may_unmask = bool(masker) and scope.may(Privilege.UNMASK, message)
     unmask = None
     if may_unmask:
@@ -229,11 +235,43 @@ def view_of(scope, user, message, rules=None):
         elif message.active_unmask_id is not None:
             unmask = Unmask.objects.filter(pk=message.active_unmask_id).first()
     return View(
-        bodies=scope.may(Privilege.BODIES, message),
+        bodies=bodies,
         masker=NO_MASKING if unmask is not None else masker,
         may_unmask=may_unmask,
         unmask=unmask,
     )
+
+
+def changes_what_is_shown(masker, message, bodies=True):
+    """Whether ``masker`` changes anything of ``message`` a caller sees: its headers, its group
+    label, and (``bodies``) its body in every form (raw, decoded) and its edited copies'. One
+    message's worth of the masking the page itself does (a detail page, not a list)."""
+    if masker.headers(message.headers) != message.headers:
+        return True
+    if masker.label(message.group_label, message.headers) != message.group_label:
+        return True
+    if not bodies:
+        return False
+    if _changes_body(masker, message, message.body_bytes):
+        return True
+    from recovery.models.replay import MessageEdit
+
+    for edit in MessageEdit.objects.filter(message_id=message.pk).only("headers", "body"):
+        if edit.headers is not None and masker.headers(edit.headers) != edit.headers:
+            return True
+        if edit.body is not None and _changes_body(masker, message, bytes(edit.body)):
+            return True
+    return False
+
+
+def _changes_body(masker, message, body):
+    decoded = readable(message, body=body)
+    if masker.stored(body, decoded) != body:
+        return True
+    if decoded is None:
+        return False
+    shown = masker.decoded(decoded)
+    return (shown.value, shown.text, shown.data) != (decoded.value, decoded.text, decoded.data)
 
 
 def log_body_view(user, message_id, via, how, unmasked=False):
