@@ -234,6 +234,9 @@ def replay(request, pk):
         "queue": queue,
         "delay_seconds": body.validated_data.get("delay_seconds"),
     }
+    # The caller's scope (a team token's is narrower than its user's): the engine checks the
+    # target against it (recovery.replay.one.check_caller_may_send).
+    target["scope"] = scope_of(request)
     try:
         if headers is None and new_body is None:
             attempt = replay_message(message, user=request.user, via="api", **target)

@@ -263,6 +263,7 @@ def edit_and_replay(
     via="console",
     queue=None,
     delay_seconds=None,
+    scope=None,
 ):
     """Replay an edited copy of a message; the stored original is never changed.
 
@@ -290,4 +291,5 @@ def edit_and_replay(
         body=body,
         queue=queue,
         delay_seconds=delay_seconds,
+        scope=scope,
     )

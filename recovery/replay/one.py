@@ -9,6 +9,7 @@ their own asynchronous publisher (recovery.replay.publisher).
 import logging
 
 import pika.exceptions
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
@@ -23,9 +24,19 @@ from recovery.models import (
     MessageHistory,
     ReplayAttempt,
     ReplayJobItem,
+    Role,
+    Scope,
     Status,
 )
-from recovery.replay.targets import declare_delay_route, validate_target
+from recovery.models.masking import view_of
+from recovery.replay.targets import (
+    check_may_redirect,
+    check_target_scope,
+    declare_delay_route,
+    delay_route_problem,
+    operating_teams,
+    validate_target,
+)
 from recovery.replay.wire import wire_message
 
 log = logging.getLogger(__name__)
@@ -166,6 +177,41 @@ def record_outcome(
     return attempt
 
 
+def check_caller_may_send(message, target, user, scope=None):
+    """ValidationError unless the caller may send ``message`` to ``target``: a team member
+    only within a scope of a team they operate for that holds the message; anyone only where
+    they may read it in full, unless it goes to its own target (docs/security.md, "Replay
+    targets"). No user (the system): no caller to check."""
+    if target.is_default or (user is None and scope is None):
+        return
+    if scope is None:
+        scope = Scope.of(user)
+    if not scope.has_role(Role.OPERATOR):
+        raise ValidationError({target.names()[0]: "replaying needs the operator role"})
+    check_target_scope(target, message.vhost, operating_teams(scope, message))
+    check_may_redirect(target, view_of(scope, user, message))
+
+
+def _declare_delay_to_existing(channel, target, final_exchange, vhost):
+    """The delay route to ``final_exchange``, declared only when that exchange exists (a
+    passive declare first): each made-up name would otherwise leave a quorum queue of its own
+    behind, forever. ValidationError when it does not exist (nothing was sent)."""
+    if final_exchange:
+        try:
+            channel.exchange_declare(final_exchange, passive=True)
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            if exc.reply_code != 404:
+                raise
+            field = "target_exchange" if target.exchange else "delay_seconds"
+            raise ValidationError(
+                {
+                    field: f"no exchange {final_exchange!r} in vhost {vhost!r}: a delayed "
+                    "replay goes only to an exchange that exists"
+                }
+            ) from None
+    declare_delay_route(channel, target.delay_seconds, final_exchange)
+
+
 def _send(claimed, target, replayed_by, headers, body):
     """Publish one claimed message to its target with confirms; (exchange, routing key it was
     sent for, outcome, detail)."""
@@ -179,6 +225,10 @@ def _send(claimed, target, replayed_by, headers, body):
         # Sending it would fail the same way every time: a failed attempt with the reason,
         # never "broker unavailable" (which invites retries).
         return final_exchange, final_key, ReplayAttempt.Outcome.FAILED, refused
+    if target.delay_seconds:
+        problem = delay_route_problem(target.delay_seconds, final_exchange)
+        if problem:  # the message's own exchange has a name too long for a delay route
+            raise ValidationError({"delay_seconds": problem})
     with ConfirmingPublisher(claimed.vhost) as publisher:
         if target.delay_seconds:
             # On the publishing connection (a channel of its own: a refused declare closes
@@ -186,7 +236,7 @@ def _send(claimed, target, replayed_by, headers, body):
             # majority, and another connection, on another node, may not see it yet.
             channel = publisher.confirming.connection.channel()
             try:
-                declare_delay_route(channel, target.delay_seconds, final_exchange)
+                _declare_delay_to_existing(channel, target, final_exchange, claimed.vhost)
             finally:
                 if channel.is_open:
                     channel.close()
@@ -206,6 +256,7 @@ def replay_message(
     body=None,
     queue=None,
     delay_seconds=None,
+    scope=None,
 ):
     """Replay one message now (the one-click path). Returns the ReplayAttempt.
 
@@ -215,13 +266,17 @@ def replay_message(
     the stored message is kept and the edit is recorded as a MessageEdit with the user.
 
     Raises ValidationError (fields target_exchange, target_routing_key, target_queue,
-    delay_seconds) for a bad target; StateError (a ReplayError and a ValidationError) if the
+    delay_seconds) for a bad target, one outside the caller's team scopes, a reserved name, a
+    delayed replay to an exchange that does not exist, or a target other than the message's own
+    for a caller who may not read it in full (``check_caller_may_send``; ``scope``: the caller's,
+    None = ``user``'s own); StateError (a ReplayError and a ValidationError) if the
     message is not replayable now (its status, or a job holds it); BrokerUnavailable (a
     ReplayError) if RabbitMQ cannot be reached. In every case nothing was sent and the message is
     left as it was. Properties that cannot go on the wire (``unpublishable``: nested too deep,
     larger than a frame) make a ``failed`` attempt with the reason, and nothing is sent.
     """
     target = validate_target(exchange, routing_key, queue, delay_seconds)
+    check_caller_may_send(message, target, user, scope)
     claimed = claim(message.pk)
     if claimed is None:
         current = Message.objects.filter(pk=message.pk).values_list("status", flat=True).first()
