@@ -217,7 +217,8 @@ class ReplayJobDetailSerializer(ReplayJobSerializer):
 
     @extend_schema_field(DiedAgainSerializer)
     def get_died_again(self, job):
-        count, copies = job.died_again()
+        # Only the copies the caller may see: a copy may die in another team's queue.
+        count, copies = job.died_again(scope=self.context.get("scope"))
         return {"count": count, "copies": [copy.pk for copy in copies]}
 
 
@@ -269,7 +270,7 @@ def create(request):
     )
     job = ReplayJob.objects.select_related("created_by").get(pk=job.pk)
     return Response(
-        ReplayJobDetailSerializer(job).data,
+        ReplayJobDetailSerializer(job, context={"scope": scope_of(request)}).data,
         status=status.HTTP_201_CREATED,
         headers={"Location": f"/api/v1/replay-jobs/{job.pk}"},
     )
@@ -311,7 +312,7 @@ def dry_run(request):
 def replay_job(request, pk):
     jobs_in_scope = scope_of(request).jobs(ReplayJob.objects.select_related("created_by"))
     job = get_object_or_404(jobs_in_scope, pk=pk)
-    return Response(ReplayJobDetailSerializer(job).data)
+    return Response(ReplayJobDetailSerializer(job, context={"scope": scope_of(request)}).data)
 
 
 @extend_schema(
@@ -345,8 +346,11 @@ def resume(request, pk):
 def _transition(request, pk, method):
     job = get_object_or_404(scope_of(request).jobs(ReplayJob.objects.all(), Role.OPERATOR), pk=pk)
     try:
-        getattr(job, method)(request.user, via="api")
+        if method == "resume":  # looks at the creator's rights again
+            jobs.resume_job(job, request.user, via="api")
+        else:
+            getattr(job, method)(request.user, via="api")
     except StateError as exc:
         return problem_response(409, exc, "conflict", request)
     job = ReplayJob.objects.select_related("created_by").get(pk=pk)
-    return Response(ReplayJobDetailSerializer(job).data)
+    return Response(ReplayJobDetailSerializer(job, context={"scope": scope_of(request)}).data)

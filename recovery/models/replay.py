@@ -235,8 +235,10 @@ class ReplayJob(models.Model):
             )
         return self._group_label
 
-    def died_again_copies(self):
-        """The copies collected after this job's confirmed replays were dead-lettered again.
+    def died_again_copies(self, scope=None):
+        """The copies collected after this job's confirmed replays were dead-lettered again;
+        with ``scope`` (the caller's Scope), only those it may see: a copy may die in another
+        team's queue, and its id is that team's.
 
         Exact, and as current as the collector: a copy points at its message (``origin``) and
         carries the replay count this job sent (the item's snapshot + 1), so a copy of another
@@ -252,25 +254,28 @@ class ReplayJob(models.Model):
             state=ReplayJobItem.State.CONFIRMED,
             snapshot_replay_count=OuterRef("replay_count") - 1,
         )
-        return Message.objects.filter(
-            origin__isnull=False, collected_at__gte=self.started_at
-        ).filter(Exists(sent_by_this_job))
+        copies = Message.objects.filter(origin__isnull=False, collected_at__gte=self.started_at)
+        if scope is not None:
+            copies = scope.messages(copies)
+        return copies.filter(Exists(sent_by_this_job))
 
-    def died_again(self, newest=20):
-        """(how many of its replayed messages died again, the newest ``newest`` copies)."""
-        copies = self.died_again_copies()
+    def died_again(self, newest=20, scope=None):
+        """(how many of its replayed messages died again, the newest ``newest`` copies); with
+        ``scope``, of the copies it may see."""
+        copies = self.died_again_copies(scope)
         count = copies.order_by().values("origin_id").distinct().count()
         shown = list(copies.only("id", "origin_id").order_by("-id")[:newest]) if count else []
         return count, shown
 
-    def mark_died_again(self, attempts):
-        """Set ``died_again_copy_id`` on each of this job's ``attempts`` (one query)."""
+    def mark_died_again(self, attempts, scope=None):
+        """Set ``died_again_copy_id`` on each of this job's ``attempts`` (one query); with
+        ``scope``, only to copies it may see."""
         attempts = list(attempts)
         confirmed = ReplayAttempt.Outcome.CONFIRMED
         ids = [a.message_id for a in attempts if a.outcome == confirmed]
         copies = (
             dict(
-                self.died_again_copies()
+                self.died_again_copies(scope)
                 .filter(origin_id__in=ids)
                 .order_by("id")
                 .values_list("origin_id", "id")

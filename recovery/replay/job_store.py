@@ -347,6 +347,28 @@ class JobStore:
                 (len(skipped), self.job_id),
             )
 
+    def skip(self, skipped):
+        """Claimed items this runner will not send ({item id: why}): skipped with the reason
+        (the fence: only items it still holds), and counted on the job."""
+        if not skipped:
+            return 0
+        pg = self.connect()
+        with pg.transaction():
+            done = pg.execute(
+                f"""
+                UPDATE {ITEM} i SET state = 'skipped', detail = d.detail, finished_at = now(),
+                       claimed_by = ''
+                FROM unnest(%s::bigint[], %s::text[]) AS d (id, detail)
+                WHERE i.id = d.id AND i.claimed_by = %s AND i.state = 'claimed'
+                """,
+                (list(skipped), list(skipped.values()), self.runner_id),
+            ).rowcount
+            pg.execute(
+                f"UPDATE {JOB} SET skipped = skipped + %s WHERE id = %s AND runner = %s",
+                (done, self.job_id, self.runner_id),
+            )
+        return done
+
     def record(self, results, user_id, via):
         """Write outcomes: results are (item_id, message_id, outcome, detail, exchange, key).
 

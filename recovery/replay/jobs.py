@@ -20,10 +20,12 @@ from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
-from recovery.models import Activity, ReplayJob, Role, Scope
+from recovery.errors import StateError
+from recovery.models import Activity, Privilege, ReplayJob, Role, Scope, TeamScope
+from recovery.replay.authority import job_authority
 from recovery.replay.options import clean_job_options
-from recovery.replay.selection import clean_selection
-from recovery.replay.targets import validate_target
+from recovery.replay.selection import clean_selection, team_scope_rows
+from recovery.replay.targets import NEEDS_FULL_READ, target_in_teams, validate_target
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +78,27 @@ def _check_canary_outlasts_delay(options, target):
         )
 
 
+def check_job_target(scope, target, team_ids):
+    """A job's target, for a caller with ``scope`` acting for ``team_ids`` (None: globally).
+
+    Checked here, when the job is made, against the teams' scopes in any of their vhosts (a
+    400 now rather than a job of skipped items); the runner checks it again per message, in
+    that message's vhost and with the creator's rights as they are then
+    (recovery.replay.authority). A caller who may read no body anywhere (metadata only) may
+    send only to each message's own target: what they cannot read must not be put where they
+    can."""
+    if target.is_default:
+        return
+    field = target.names()[0]
+    if not scope.may(Privilege.BODIES):
+        raise ValidationError({field: NEEDS_FULL_READ})
+    if team_ids is None:
+        return
+    vhosts = TeamScope.objects.filter(team_id__in=team_ids).values_list("vhost", flat=True)
+    if not any(target_in_teams(target, vhost, team_ids) for vhost in set(vhosts)):
+        raise ValidationError({field: "not in your team's scopes"})
+
+
 def _log_creation(job, user, via):
     Activity.objects.create(
         user=user,
@@ -91,6 +114,9 @@ def _log_creation(job, user, via):
             "canary_size": job.canary_size,
             "breaker_threshold_pct": job.breaker_threshold_pct,
             "include_poisoned": job.include_poisoned,
+            # What the team could see when the job was made: the runner counts what left it
+            # within this only (recovery.replay.selection.scope_at_creation).
+            **({"scope": team_scope_rows(job.team_id)} if job.team_id is not None else {}),
         },
     )
 
@@ -123,6 +149,7 @@ def create_job(user, *, include_poisoned=False, scope=None, **arguments):
         raise PermissionDenied("replay jobs need the operator role")
     team_id = scope.job_team()
     target, selection, options = clean_job(include_poisoned=include_poisoned, **arguments)
+    check_job_target(scope, target, None if team_id is None else [team_id])
     if not selection.queryset(scope).filter(scope.q(Role.OPERATOR)).exists():
         raise ValidationError(
             {
@@ -162,6 +189,10 @@ def dry_run(scope=None, **arguments):
     """
     arguments.pop("user", None)
     target, selection, _options = clean_job(**arguments)
+    if scope is not None:
+        # As create_job would refuse it (a viewer's preview: their teams').
+        teams = None if scope.is_global else scope.team_ids(Role.OPERATOR) or scope.team_ids()
+        check_job_target(scope, target, teams)
     groups = (
         selection.queryset(scope)
         .filter(scope.q() if scope is not None else Q())
@@ -190,6 +221,16 @@ def describe_target(job):
     else:
         where = "each message's default target"
     return f"{where}, after {job.delay_seconds}s" if job.delay_seconds else where
+
+
+def resume_job(job, user, via="console"):
+    """Resume a paused job (ReplayJob.resume), unless its creator lost the right to send it:
+    the runner would stop it at once (recovery.replay.authority), so say why now (StateError:
+    a 409). Someone who holds the right starts a new job for the rest."""
+    refusal = job_authority(job).refusal
+    if refusal:
+        raise StateError(f"job #{job.pk} cannot be resumed: {refusal}")
+    return job.resume(user, via=via)
 
 
 # ---- keeping them running -------------------------------------------------------------------

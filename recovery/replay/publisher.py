@@ -251,8 +251,9 @@ class AsyncPublisher(ConnectionLoop):
             by_origin[entry.origin] = entry
 
     def _declare_route(self, name):
-        """Exchange, TTL queue and binding of a delay route, one after another on this channel;
-        publishing goes on when the binding is confirmed. A refusal closes the channel
+        """The final exchange (passively), then the exchange, TTL queue and binding of a delay
+        route, one after another on this channel; publishing goes on when the binding is
+        confirmed. A refusal closes the channel
         (``_lost_channel`` counts it against the route)."""
         if self._declaring is not None:
             return
@@ -272,7 +273,15 @@ class AsyncPublisher(ConnectionLoop):
             arguments = delay_queue_arguments(seconds, final_exchange)
             channel.queue_declare(name, durable=True, arguments=arguments, callback=queued)
 
-        channel.exchange_declare(name, "fanout", durable=True, callback=exchanged)
+        def declare(_frame=None):
+            channel.exchange_declare(name, "fanout", durable=True, callback=exchanged)
+
+        if not final_exchange:
+            declare()
+            return
+        # Only to an exchange that exists (a passive declare; a 404 closes the channel and
+        # counts against the route): each made-up name would leave a quorum queue behind.
+        channel.exchange_declare(final_exchange, passive=True, callback=declare)
 
     def _fail_route(self, name, reason):
         """Every entry waiting for the delay route ``name`` fails with the broker's reason."""

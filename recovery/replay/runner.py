@@ -35,15 +35,16 @@ from django.conf import settings
 from django.utils import timezone
 
 from recovery.broker.codec import unpublishable
-from recovery.models import Activity, ReplayJob
+from recovery.models import Activity, ReplayJob, Role
+from recovery.replay.authority import AUTHORITY_CHECK_S, LEFT_SCOPE, ItemCheck, job_authority
 from recovery.replay.claims import Claims
 from recovery.replay.job_store import JobStore
 from recovery.replay.pacer import Pacer
 from recovery.replay.publisher import AsyncPublisher, Entry
 from recovery.replay.recorder import RECORDERS, Recorder, Recorders
 from recovery.replay.safety import breaker_reason, canary_reason
-from recovery.replay.selection import job_queryset, selection_sql
-from recovery.replay.targets import Target, delay_name
+from recovery.replay.selection import job_queryset, scope_at_creation, selection_sql
+from recovery.replay.targets import Target, delay_name, delay_route_problem
 from recovery.replay.wire import wire_from_columns
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,7 @@ class JobRunner:
         self.dead = 0
         self.confirmed_before = 0
         self.last_breaker_check = 0.0
+        self.last_authority_check = 0.0
         self.disconnected_since = None
 
     # ---- entry point ----------------------------------------------------------------------
@@ -120,8 +122,10 @@ class JobRunner:
     def run(self, wait_for_lease=True):
         """Run the job to its end or a stop; returns what happened: ``done``, ``paused``,
         ``cancelled``, ``requeued`` (worker shutdown), ``sleeping`` (a slow rate: sent again
-        with a countdown, see RATE_YIELD_S), ``failed``, ``lost`` (lease taken over),
-        ``busy`` (another live runner has it) or ``gone`` (not runnable)."""
+        with a countdown, see RATE_YIELD_S), ``failed``, ``stopped`` (its creator lost the
+        right to send it: cancelled with the reason, recovery.replay.authority), ``lost``
+        (lease taken over), ``busy`` (another live runner has it) or ``gone`` (not
+        runnable)."""
         try:
             first_start = not ReplayJob.objects.filter(
                 pk=self.job_id, started_at__isnull=False
@@ -172,8 +176,17 @@ class JobRunner:
 
     def _count_out_of_scope(self, job):
         """A team's job sends only what is in the team's scope when it runs: the messages it
-        selected that have left it since are not sent, and said so in the activity log."""
-        left_out = job_queryset(job).count() - job.total
+        selected that have left it since are not sent, and said so in the activity log.
+
+        Counted only among what the team could see when the job was made (the scope recorded
+        in its ``job_created`` row), never over the whole store: a count of whatever else
+        matches would tell the team how many of another team's messages a filter or a list of
+        guessed ids hits. A job made before scopes were recorded counts nothing."""
+        then = scope_at_creation(job)
+        if then is None:
+            return
+        now = self.authority.scope.q(Role.OPERATOR)
+        left_out = job_queryset(job).filter(then).exclude(now).count()
         if left_out > 0:
             log.warning("replay job %s: %s messages out of its team's scope", job.pk, left_out)
             self._activity("job_out_of_scope", {"left_out": left_out, "team": job.team_id})
@@ -182,7 +195,10 @@ class JobRunner:
         job = self.job
         if first_start:
             self._activity("job_started", {"runner": self.runner_id})
-        if job.populated_at is None:
+        # Who the job sends for, now (a resume, a requeue or a takeover starts here): a creator
+        # who lost the right gets no snapshot; the first control tick stops the job.
+        self._check_authority()
+        if job.populated_at is None and not self.authority.refusal:
             sql, params = selection_sql(job)
             job.total = self.store.populate(sql, params, job.canary_size)
             log.info("replay job %s: %s messages", job.pk, job.total)
@@ -223,7 +239,8 @@ class JobRunner:
     # ---- the loop ---------------------------------------------------------------------------
 
     def _loop(self):
-        self.buffer = deque()  # (vhost, Entry): claimed, not yet handed to a publisher
+        # (vhost, Entry, Claimed): claimed, not yet handed to a publisher
+        self.buffer = deque()
         self.pending = {}  # item id -> (message id, exchange, key): handed over, not answered
         self.results = []  # answered, not yet handed to a recorder
         self.exhausted = False  # no pending item left to claim (in this phase)
@@ -245,7 +262,7 @@ class JobRunner:
                 self._claim()
             room = max(0, self.window - self.sent_unrecorded)
             for _ in range(self.pacer.allowance(now, min(len(self.buffer), room))):
-                vhost, entry = self.buffer.popleft()
+                vhost, entry, _claimed = self.buffer.popleft()
                 self._publisher(vhost).submit(entry)
             self._collect()
             if self.results and (len(self.results) >= FLUSH_ROWS or now - last_flush >= FLUSH_S):
@@ -348,35 +365,78 @@ class JobRunner:
 
     def _stage(self, claimed):
         """Claimed rows -> wire entries in the buffer (a delay route is declared by the
-        publisher before the first entry to it is published)."""
+        publisher before the first entry to it is published). What the creator may no longer
+        send is skipped (recovery.replay.authority)."""
         target, pending, buffer = self.target, self.pending, self.buffer
         now = timezone.now().replace(tzinfo=None)
+        skipped = {}
+        sendable = []
+        for c in claimed:
+            why = self.item_check.why_not(c)
+            if why is None:
+                sendable.append(c)
+            else:
+                skipped[c.item_id] = why
         finals = [
-            target.final(c.kind, c.source_queue, c.source_exchange, c.routing_keys) for c in claimed
+            target.final(c.kind, c.source_queue, c.source_exchange, c.routing_keys)
+            for c in sendable
         ]
-        if target.delay_seconds:
-            # Declared by the publisher, on the channel it publishes them on (Khepri, 4.2+).
-            needed = {(c.vhost, f[0]) for c, f in zip(claimed, finals, strict=True)}
-            for vhost, final_exchange in needed - self.declared_delays:
-                name = delay_name(target.delay_seconds, final_exchange)
-                self._publisher(vhost).want_route(name, target.delay_seconds, final_exchange)
-                self.declared_delays.add((vhost, final_exchange))
-        for c, (final_exchange, final_key) in zip(claimed, finals, strict=True):
+        refused = self._want_delay_routes(sendable, finals)
+        for c, (final_exchange, final_key) in zip(sendable, finals, strict=True):
             exchange, key = target.route(final_exchange, final_key)
             properties, body = wire_from_columns(
                 c.message_id, c.properties, c.headers, c.body, c.replay_count, self.replayed_by, now
             )
-            refused = unpublishable(properties)
-            if refused is not None:
+            problem = refused.get((c.vhost, final_exchange)) or unpublishable(properties)
+            if problem is not None:
                 # Never sent, never retried: failed with its reason, and the job goes on.
                 self.results.append(
-                    (c.item_id, c.message_id, "failed", refused, final_exchange, final_key)
+                    (c.item_id, c.message_id, "failed", problem, final_exchange, final_key)
                 )
                 continue
             buffer.append(
-                (c.vhost, Entry(c.item_id, exchange, key, properties, body, c.message_id))
+                (c.vhost, Entry(c.item_id, exchange, key, properties, body, c.message_id), c)
             )
             pending[c.item_id] = (c.message_id, final_exchange, final_key)
+        if skipped:
+            self._skip(skipped)
+
+    def _want_delay_routes(self, claimed, finals):
+        """Have the publishers declare the delay routes these messages need, on the channel
+        they publish them on (Khepri, 4.2+); {(vhost, final exchange): why not} for a route
+        that cannot exist (its name would be longer than AMQP allows)."""
+        seconds = self.target.delay_seconds
+        if not seconds:
+            return {}
+        refused = {}
+        needed = {(c.vhost, f[0]) for c, f in zip(claimed, finals, strict=True)}
+        for vhost, final_exchange in needed - self.declared_delays:
+            problem = delay_route_problem(seconds, final_exchange)
+            if problem:
+                refused[(vhost, final_exchange)] = f"no delay route: {problem}"
+                continue
+            name = delay_name(seconds, final_exchange)
+            self._publisher(vhost).want_route(name, seconds, final_exchange)
+            self.declared_delays.add((vhost, final_exchange))
+        return refused
+
+    def _skip(self, skipped):
+        """Claimed items the creator may no longer send (recovery.replay.authority): never
+        sent, each skipped with its reason, counted in the activity log by reason. The
+        messages themselves are not touched (no status, no reason, no history row): they may
+        be another team's by now."""
+        self.store.skip(skipped)
+        counts = {}
+        for why in skipped.values():
+            counts[why] = counts.get(why, 0) + 1
+        log.warning("replay job %s: skipped %s", self.job_id, counts)
+        left = counts.pop(LEFT_SCOPE, 0)
+        if left:
+            self._activity(
+                "job_out_of_scope", {"left_out": left, "team": self.job.team_id, "at": "claim"}
+            )
+        for why, n in counts.items():
+            self._activity("job_items_skipped", {"skipped": n, "reason": why})
 
     def _publisher(self, vhost):
         publisher = self.publishers.get(vhost)
@@ -408,9 +468,36 @@ class JobRunner:
 
     # ---- control: heartbeat, state, breaker ------------------------------------------------
 
+    def _check_authority(self):
+        self.authority = job_authority(self.job)
+        self.item_check = ItemCheck(self.job, self.authority)
+        self.last_authority_check = time.monotonic()
+        buffer = getattr(self, "buffer", None)
+        if buffer and not self.authority.refusal:
+            self._recheck_buffer()
+
+    def _recheck_buffer(self):
+        """What waits in the buffer was checked when it was claimed; at a slow rate that can be
+        minutes ago. Checked again with the rights as they are now."""
+        keep, skipped = deque(), {}
+        for staged in self.buffer:
+            why = self.item_check.why_not(staged[2])
+            if why is None:
+                keep.append(staged)
+            else:
+                skipped[staged[1].key] = why
+                self.pending.pop(staged[1].key, None)
+        if skipped:
+            self.buffer = keep
+            self._skip(skipped)
+
     def _control(self):
         """Heartbeat; a stop verdict (kind, reason) or None to go on."""
         now = time.monotonic()
+        if now - self.last_authority_check >= AUTHORITY_CHECK_S:
+            self._check_authority()
+        if self.authority.refusal:
+            return ("revoked", self.authority.refusal)
         if self.breaker_pct and now - self.last_breaker_check >= self._breaker_check_s():
             self.last_breaker_check = now
             self.dead = self.store.dead_again(self.job.started_at)
@@ -476,7 +563,7 @@ class JobRunner:
         release = self._running_claim_items()
         for publisher in self.publishers.values():
             publisher.withdraw()
-        release += [entry.key for _vhost, entry in self.buffer]
+        release += [entry.key for _vhost, entry, _claimed in self.buffer]
         for key in release:
             self.pending.pop(key, None)
         self.buffer.clear()
@@ -521,6 +608,12 @@ class JobRunner:
             if self.store.end(ReplayJob.State.QUEUED, reason) == ReplayJob.State.QUEUED:
                 ReplayJob.objects.get(pk=self.job_id).enqueue()
             return "requeued"
+        if kind == "revoked":
+            # For good: the right it was sent with is gone; someone who holds it may start a
+            # new job for the rest (the job page offers it for a cancelled job).
+            if self.store.end(ReplayJob.State.CANCELLED, reason) == ReplayJob.State.CANCELLED:
+                self._activity("job_stopped", {"reason": reason})
+            return "stopped"
         if kind == "sleep":
             wait = reason
             note = f"rate {self.job.rate:g}/s: the next message goes in {wait:.0f} s"

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 
-from recovery.models import Message, Role, Scope, Status
+from recovery.models import Activity, Message, Role, Scope, Status, TeamScope
+from recovery.models.teams import NOTHING
 from recovery.replay.options import parse_message_ids
 from recovery.search.filters import MessageFilterForm, apply_filters
 
@@ -137,6 +138,38 @@ def scoped_job_queryset(job):
     """``job_queryset`` within the scope its team has now (a team's job; see Scope.of_job):
     a message moved out of scope, or re-scoped, since the job was made is left out."""
     return job_queryset(job).filter(Scope.of_job(job).q(Role.OPERATOR))
+
+
+def team_scope_rows(team_id):
+    """A team's scopes now, as the job's ``job_created`` row keeps them:
+    [[vhost, queue pattern, exchange pattern], ...]."""
+    return [
+        list(row)
+        for row in TeamScope.objects.filter(team_id=team_id)
+        .order_by("id")
+        .values_list("vhost", "queue_pattern", "exchange_pattern")
+    ]
+
+
+def scope_at_creation(job):
+    """A Q of the scope a team's job was made in (kept in its ``job_created`` row), or None: a
+    global job, or one made before the scope was kept. What the team could see then, so a
+    count within it tells the team nothing about other teams' messages."""
+    if job.team_id is None:
+        return None
+    detail = (
+        Activity.objects.filter(job_id=job.pk, action="job_created")
+        .values_list("detail", flat=True)
+        .first()
+    )
+    rows = (detail or {}).get("scope")
+    if not rows:
+        return None
+    then = NOTHING
+    for vhost, queue_pattern, exchange_pattern in rows:
+        row = TeamScope(vhost=vhost, queue_pattern=queue_pattern, exchange_pattern=exchange_pattern)
+        then |= row.q()
+    return then
 
 
 def selection_sql(job):
