@@ -13,6 +13,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def test_a_team_job_leaves_out_what_left_the_scope_before_it_ran(wired, amqp):
     declare_app_queue(amqp, "teamjob.cards")
+    # The target stays in the narrowed scope: a target outside it is refused when the job
+    # runs too (tests/replay/test_replay_scope.py).
+    declare_app_queue(amqp, "teamjob.cards.eu")
     payments = Team.objects.create(name="payments")
     scope = TeamScope.objects.create(team=payments, vhost=wired, queue_pattern="teamjob.*")
     operator = make_user("team-operator", None)
@@ -21,7 +24,7 @@ def test_a_team_job_leaves_out_what_left_the_scope_before_it_ran(wired, amqp):
     job = create_job(
         operator,
         message_ids=[m.pk for m in messages],
-        target_queue="teamjob.cards",
+        target_queue="teamjob.cards.eu",
         scope=Scope.of(operator),
     )
     assert job.team == payments
@@ -33,7 +36,7 @@ def test_a_team_job_leaves_out_what_left_the_scope_before_it_ran(wired, amqp):
 
     assert run(job) == "done"
     assert job.total == 2 and job.confirmed == 2
-    assert len(drain("teamjob.cards")) == 2
+    assert len(drain("teamjob.cards.eu")) == 2
     left_out = Activity.objects.get(job=job, action="job_out_of_scope")
     assert left_out.detail == {"left_out": 2, "team": payments.pk}
     assert set(Message.objects.filter(pk__in=moved).values_list("status", flat=True)) == {
