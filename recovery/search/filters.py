@@ -11,6 +11,7 @@ from django.db.models.expressions import RawSQL
 from recovery.models import Kind, Message, Privilege, Reason, Status
 from recovery.models.teams import NOTHING
 from recovery.search import index as search_index
+from recovery.search import masked as search_masked
 
 
 class UTCDateTimeField(forms.DateTimeField):
@@ -84,7 +85,10 @@ def apply_filters(queryset, data, scope=None):
     q = (data.get("q") or "").strip()
     if q:
         readable = Q() if scope is None else scope.privilege_q(Privilege.BODIES)
-        queryset = queryset.filter(search_q(q, readable))
+        # A caller's search finds a masked message by its masked text only (search/masked.py);
+        # the system's (scope None: a job's own re-selection) reads the stored text.
+        masked = None if scope is None else search_masked.masked_q()
+        queryset = queryset.filter(search_q(q, readable, masked, within=queryset))
     return queryset
 
 
@@ -123,7 +127,7 @@ EXACT = ("message_id", "correlation_id", "group_key")
 INDEXED_TAIL = 8
 
 
-def search_q(text, readable=None):
+def search_q(text, readable=None, masked=None, within=None):
     """Exact ids and group key (b-tree indexed), and a substring of ids, header values or body.
 
     The substring part is case-insensitive and needs at least MIN_SUBSTRING_LENGTH characters. It
@@ -134,6 +138,11 @@ def search_q(text, readable=None):
 
     ``readable``: a Q of the messages whose content (headers, body) may be searched; the
     others match by their exact ids and group key only (metadata). None: every message.
+
+    ``masked``: a Q of the messages masking rules cover (None: none). Those match by content
+    only where their masked rendering holds the term: candidates among ``within`` (the
+    queryset being filtered, else every message) are checked one by one
+    (recovery.search.masked), so a masked value can never be found by its prefix.
     """
     exact = Q(message_id=text) | Q(correlation_id=text) | Q(group_key=text)
     if len(text) < MIN_SUBSTRING_LENGTH:
@@ -141,6 +150,8 @@ def search_q(text, readable=None):
     if readable == NOTHING:
         return exact
     content = _content_q(text)
+    if masked is not None and masked != NOTHING:
+        return _masked_aware(text, content, exact, readable, masked, within)
     if readable is None or readable == Q():
         return content
     # exact | (readable & content), written so that the IN stays the outer condition: the
@@ -148,6 +159,18 @@ def search_q(text, readable=None):
     # set, and PostgreSQL finds the few candidates by index and checks each one, where an OR
     # around the IN made it scan the whole store (a team's search at 10M messages).
     return content & (exact | readable)
+
+
+def _masked_aware(text, content, exact, readable, masked, within):
+    """``search_q`` when masking rules cover some messages: exact ids and group key; the
+    stored text of readable messages no rule covers; the masked text of the covered ones."""
+    readable = Q() if readable is None else readable
+    base = Message.objects.all() if within is None else within
+    candidates = base.filter(readable & masked).filter(content)
+    shown = Q(pk__in=search_masked.matching_ids(text, candidates))
+    plain = NOTHING if masked == Q() else readable & ~masked
+    # As in search_q, the IN over the content's union stays the outer condition.
+    return content & (exact | plain | shown)
 
 
 def _content_q(text):
