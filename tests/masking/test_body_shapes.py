@@ -359,3 +359,12 @@ def test_it_counts_an_edited_copy_a_rule_reaches_as_masked(client, viewer):
     client.force_login(viewer)
     page = client.get(f"/messages/{message.pk}/").content.decode()
     assert 'id="masked-notice"' in page and CARD not in page
+
+
+def test_it_does_not_count_a_cut_sample_as_a_trial_match():
+    from recovery.mask_trial import SAMPLE_BODY_BYTES, sample_matches
+
+    rule = MaskRule.objects.create(kind="json_path", pattern="$.card.number")
+    make_message(body=json.dumps({"pad": "x" * SAMPLE_BODY_BYTES, "other": 1}).encode())
+    make_message(body=CARD_DOC.encode())
+    assert sample_matches([rule]) == {rule.pk: (1, 2)}
