@@ -1,6 +1,7 @@
 """A session-scoped local Spark and builders for tiny, exact audit fixtures."""
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
@@ -22,6 +23,20 @@ LATER = DAY + timedelta(days=3)  # every window of DAY is FINAL by then
 BINDINGS = [
     {"exchange": "orders", "routing_key": "order.*", "consumer_group": "billing", "queue": "bq"}
 ]
+
+
+HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items):
+    """A test here that needs the Spark session (the ``spark`` fixture, or ``audit`` over it)
+    is ``slow``: starting the JVM takes seconds and each audit a dozen jobs. The rest (the
+    rules the audit computes on the driver: segments, provenance, topic patterns, the latency
+    histogram's spread, the names the console shares with the job) runs in the quick loop.
+    (A conftest's hook sees every test of the session: only this directory's are marked.)"""
+    for item in items:
+        if item.path.is_relative_to(HERE) and "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

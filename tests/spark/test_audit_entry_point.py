@@ -10,7 +10,7 @@ from spark import audit
 from spark.schema import STORE_EXPORT_SCHEMA
 from tests.spark.conftest import at, consume, dead_letter, publish
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]  # a Spark session: a JVM, its jobs
+pytestmark = pytest.mark.spark  # slow where a test needs the session (conftest.py)
 
 
 def write_jsonl(path, rows):

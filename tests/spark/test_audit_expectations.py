@@ -15,7 +15,7 @@ from spark.expectations import SPAN_END, SPAN_START, segments
 from spark.metrics import warnings
 from tests.spark.conftest import DAY, at, consume, publish
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]  # a Spark session: a JVM, its jobs
+pytestmark = pytest.mark.spark  # slow where a test needs the session (conftest.py)
 
 
 def window_start(hour: int) -> datetime:

@@ -14,7 +14,7 @@ from spark import metrics
 from spark.schema import topic_pattern_regex
 from tests.spark.conftest import DAY, at, consume, dead_letter, publish
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]  # a Spark session: a JVM, its jobs
+pytestmark = pytest.mark.spark  # slow where a test needs the session (conftest.py)
 
 ZERO = {
     "lost": 0,
