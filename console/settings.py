@@ -211,8 +211,9 @@ MIDDLEWARE = [
 # one username from one client address lock that pair for LOGIN_LOCKOUT_MINUTES (or until an admin
 # unlocks it on the users page); LOGIN_ADDRESS_FAILURE_LIMIT failures from one address across
 # usernames slow that address (each username that failed there: one try per
-# LOGIN_SLOWDOWN_SECONDS; a username that has not failed there is not held up); a username failing from several addresses is slowed to one
-# attempt per LOGIN_SLOWDOWN_SECONDS per address, never locked. API tokens are not passwords and
+# LOGIN_SLOWDOWN_SECONDS; a username that has not failed there is not held up); a username
+# failing from several addresses is slowed to one attempt per LOGIN_SLOWDOWN_SECONDS per
+# address, never locked. API tokens are not passwords and
 # are not affected.
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",

@@ -15,12 +15,12 @@ from console.access import admin_required, viewer_required
 from console.forms.alerts import AlertRuleForm, MuteForm, NotificationChannelForm
 from recovery.alerts.deliver import send_test
 from recovery.broker.coverage import uncovered_everywhere
+from recovery.masking.policy import mask_for_display
 from recovery.models import (
     Activity,
     AlertRule,
     NotificationChannel,
     has_role,
-    mask_for_display,
     scope_of,
     team_scoped,
 )

@@ -9,8 +9,8 @@ from django.views.decorators.http import require_GET
 
 from console.access import viewer_required
 from console.views.message import display_rows, message_body_views
+from recovery.masking.policy import log_body_view, view_of, with_unmask
 from recovery.models import scope_of, team_scoped
-from recovery.models.masking import log_body_view, view_of, with_unmask
 
 # difflib is quadratic in the worst case: bodies are compared on their first lines only.
 DIFF_LINES = 2000

@@ -15,6 +15,7 @@ from django.views.decorators.http import require_GET
 from console.access import viewer_required
 from console.views.paging import anchor_of, newest_first_page
 from recovery.bodies import DECODE_FIELDS
+from recovery.masking.policy import log_body_views, privacy_of
 from recovery.models import (
     DecoderRule,
     Kind,
@@ -28,7 +29,6 @@ from recovery.models import (
     team_scoped,
 )
 from recovery.models.counts import SAMPLE_BYTES, hourly_sparks, shown_sample
-from recovery.models.masking import log_body_views, privacy_of
 from recovery.search.groups import group_counts
 
 PAGE_SIZE = 100

@@ -8,8 +8,9 @@ from django.views.decorators.http import require_GET
 from console.access import viewer_required
 from console.forms.history import HistoryFilterForm
 from console.views.paging import anchor_of, newest_first_page, query_without
+from recovery.masking.policy import privacy_of
 from recovery.models import MessageHistory, group_details, scope_of, team_scoped
-from recovery.models.masking import MaskingRules, privacy_of
+from recovery.models.masking import MaskingRules
 
 PAGE_SIZE = 100
 

@@ -12,6 +12,7 @@ from console.access import operator_required, viewer_required
 from console.forms.replay import MAX_BULK_IDS, JobForm, add_engine_errors
 from console.views.paging import anchor_of, newest_first_page, query_without
 from recovery.errors import ReplayError
+from recovery.masking.policy import privacy_of
 from recovery.models import (
     ReplayJob,
     ReplayJobItem,
@@ -20,7 +21,6 @@ from recovery.models import (
     scope_of,
     team_scoped,
 )
-from recovery.models.masking import privacy_of
 from recovery.replay.jobs import create_job, describe_target, dry_run, resume_job
 from recovery.replay.safety import job_breaker
 

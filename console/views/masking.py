@@ -10,7 +10,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from console.access import admin_required
 from console.forms.masking import MaskRuleForm
-from recovery.mask_trial import sample_matches
+from recovery.masking.trial import sample_matches
 from recovery.models import Activity, MaskRule
 
 

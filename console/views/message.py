@@ -21,7 +21,8 @@ from console.forms.replay import DiscardForm, EditReplayForm, TargetForm, add_en
 from recovery.bodies import DECODE_FIELDS, readable
 from recovery.client import headers as header_codec
 from recovery.errors import BrokerUnavailable, ReplayError
-from recovery.masking import NO_MASKING
+from recovery.masking.engine import NO_MASKING
+from recovery.masking.policy import log_body_view, view_of, with_unmask
 from recovery.models import (
     Message,
     Privilege,
@@ -32,7 +33,6 @@ from recovery.models import (
     scope_of,
     team_scoped,
 )
-from recovery.models.masking import log_body_view, view_of, with_unmask
 from recovery.replay import (
     STRIPPED_HEADERS,
     discard_message,

@@ -26,6 +26,7 @@ from recovery.broker.management import Management
 from recovery.broker.topology import DLX_POLICY, Names, broker_version
 from recovery.collector.health import collector_health, without_error_text
 from recovery.errors import ManagementError
+from recovery.masking.policy import mask_for_display, privacy_of
 from recovery.models import (
     OPEN,
     Activity,
@@ -40,8 +41,7 @@ from recovery.models import (
     scope_of,
     team_scoped,
 )
-from recovery.models.alerts import mask_for_display
-from recovery.models.masking import MaskingRules, privacy_of
+from recovery.models.masking import MaskingRules
 
 TOP_SOURCES = 15
 MANAGEMENT_TIMEOUT_SECONDS = 3

@@ -21,16 +21,8 @@ from recovery.api.params import StrictCharField, StrictIntegerField
 from recovery.api.permissions import RolePermission, requires
 from recovery.api.teams import StrictTeamField
 from recovery.broker.coverage import uncovered_everywhere
-from recovery.models import (
-    Activity,
-    AlertRule,
-    NotificationChannel,
-    Role,
-    Team,
-    has_role,
-    mask_for_display,
-    scope_of,
-)
+from recovery.masking.policy import mask_for_display
+from recovery.models import Activity, AlertRule, NotificationChannel, Role, Team, has_role, scope_of
 from recovery.models.masking import MaskingRules
 
 

@@ -24,6 +24,7 @@ from recovery.api.serializers import (
 from recovery.bodies import decode_message, readable
 from recovery.errors import BrokerUnavailable, ReplayError, StateError
 from recovery.export import export_lines, prepare_export
+from recovery.masking.policy import log_body_view, view_of, with_unmask
 from recovery.models import (
     Message,
     Privilege,
@@ -34,7 +35,6 @@ from recovery.models import (
     scope_of,
     team_scoped,
 )
-from recovery.models.masking import log_body_view, view_of, with_unmask
 from recovery.replay import (
     discard_matching,
     discard_message,

@@ -30,13 +30,7 @@ from recovery.models.access import (
     set_privileges,
     set_role,
 )
-from recovery.models.alerts import (
-    AlertRule,
-    AlertTransition,
-    Notification,
-    NotificationChannel,
-    mask_for_display,
-)
+from recovery.models.alerts import AlertRule, AlertTransition, Notification, NotificationChannel
 from recovery.models.audit import (
     WARNING_METRICS,
     AuditEvidence,
@@ -87,6 +81,7 @@ from recovery.models.store import (
 )
 from recovery.models.teams import (
     Membership,
+    MembershipRemoval,
     Scope,
     Team,
     TeamScope,
@@ -122,7 +117,6 @@ __all__ = [
     "Activity",
     "AlertRule",
     "AlertTransition",
-    "mask_for_display",
     "Notification",
     "NotificationChannel",
     "ApiRateWindow",
@@ -159,6 +153,7 @@ __all__ = [
     "global_role_of",
     "glob_to_regex",
     "Membership",
+    "MembershipRemoval",
     "Scope",
     "scope_of",
     "team_scoped",

@@ -10,6 +10,8 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from recovery.models.masking import MaskingRules
+
 
 class AlertRule(models.Model):
     """One thing to watch (``kind`` + ``params``, optionally scoped) and its state.
@@ -572,8 +574,6 @@ def mask_payload(body, team_id):
     """A notification's free text (summary, items, error) through the masking rules' regular
     expressions: a job's reason or a check's item can quote message content. A team's rule:
     the global rules and its team's; a global one: every rule (it may cover any team)."""
-    from recovery.models.masking import MaskingRules
-
     rules = MaskingRules.load()
     masker = rules.team_masker(team_id)
     if not masker:
@@ -586,32 +586,3 @@ def mask_payload(body, team_id):
         masker.free_text(item) if isinstance(item, str) else item for item in body["items"] or []
     ]
     return body
-
-
-def mask_for_display(rules, transitions=(), masking=None):
-    """The rules' (and their ``transitions'``) free text as the console and the API show it:
-    through the masking rules' regular expressions, as a notification's (a summary or an item
-    can quote a failure group's label, a job's reason). In memory only: never save these
-    objects afterwards. ``masking``: the loaded MaskingRules (loaded here if None)."""
-    from recovery.models.masking import MaskingRules
-
-    masking = MaskingRules.load() if masking is None else masking
-    if not masking:
-        return
-    maskers = {}
-
-    def masker_of(team_id):
-        if team_id not in maskers:
-            maskers[team_id] = masking.team_masker(team_id)
-        return maskers[team_id]
-
-    for rule in rules:
-        masker = masker_of(rule.team_id)
-        rule.last_summary = masker.free_text(rule.last_summary)
-        rule.last_error = masker.free_text(rule.last_error)
-        rule.last_items = [
-            masker.free_text(item) if isinstance(item, str) else item
-            for item in rule.last_items or []
-        ]
-    for transition in transitions:
-        transition.summary = masker_of(transition.rule.team_id).free_text(transition.summary)

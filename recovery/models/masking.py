@@ -1,21 +1,18 @@
-"""Private data: masking rules, the break-glass unmasks that lift them for a while, and what
-one caller may see of one message (docs/security.md, "Private data"). The masking engine
-itself is recovery.masking."""
+"""Private data: masking rules, the break-glass unmasks that lift them for a while, and every
+rule compiled once (``MaskingRules``). The engine is recovery.masking.engine; what one caller
+may see of one message is recovery.masking.policy (docs/security.md, "Private data")."""
 
 import dataclasses
 import datetime
 import logging
-import types
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
-from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
-from recovery.bodies import readable
-from recovery.masking import NO_MASKING, Masker, compile_rule, masker_of
-from recovery.models.access import Activity, Privilege
+from recovery.masking.engine import NO_MASKING, compile_rule, masker_of
+from recovery.models.access import Activity
 
 log = logging.getLogger(__name__)
 # What a rule that no longer compiles is replaced by: everything.
@@ -189,125 +186,3 @@ class MaskingRules:
             if team_id is None or team == team_id:
                 rules += team_rules
         return masker_of(rules)
-
-
-@dataclasses.dataclass
-class View:
-    """What one caller may see of one message: whether its body at all (the ``bodies``
-    privilege), and masked how (NO_MASKING while they hold an unexpired break-glass unmask)."""
-
-    bodies: bool
-    masker: Masker
-    may_unmask: bool
-    unmask: object = None  # the active recovery.models.Unmask
-
-    @property
-    def masked(self):
-        return bool(self.masker)
-
-
-def with_unmask(queryset, user):
-    """``queryset`` of messages with ``active_unmask_id``: the user's unexpired unmask of each
-    (an index probe in the same query, so ``view_of`` needs no query of its own)."""
-    if user is None or not user.is_authenticated:
-        return queryset
-    active = Unmask.objects.filter(
-        user=user, message_id=OuterRef("pk"), expires_at__gt=timezone.now()
-    ).order_by("-expires_at")
-    return queryset.annotate(active_unmask_id=Subquery(active.values("pk")[:1]))
-
-
-def view_of(scope, user, message, rules=None):
-    """The View of ``message`` for a caller (their Scope and user); ``rules``: loaded once.
-    A message from ``with_unmask`` says whether it is unmasked; any other is looked up."""
-    rules = MaskingRules.load() if rules is None else rules
-    bodies = scope.may(Privilege.BODIES, message)
-    masker = rules.masker_for(message)
-    if masker and not changes_what_is_shown(masker, message, bodies):
-        # Masked means a rule changed what is shown (#46): a message no rule reaches is plain,
-        # editable by whoever may edit, with no unmask to ask for.
-        masker = NO_MASKING
-    may_unmask = bool(masker) and scope.may(Privilege.UNMASK, message)
-    unmask = None
-    if may_unmask:
-        if not hasattr(message, "active_unmask_id"):
-            unmask = Unmask.active(user, message.pk)
-        elif message.active_unmask_id is not None:
-            unmask = Unmask.objects.filter(pk=message.active_unmask_id).first()
-    return View(
-        bodies=bodies,
-        masker=NO_MASKING if unmask is not None else masker,
-        may_unmask=may_unmask,
-        unmask=unmask,
-    )
-
-
-def changes_what_is_shown(masker, message, bodies=True):
-    """Whether ``masker`` changes anything of ``message`` a caller sees: its headers, its group
-    label, and (``bodies``) its body in every form (raw, decoded) and its edited copies'. One
-    message's worth of the masking the page itself does (a detail page, not a list)."""
-    if masker.headers(message.headers) != message.headers:
-        return True
-    if masker.label(message.group_label, message.headers) != message.group_label:
-        return True
-    if not bodies:
-        return False
-    if _changes_body(masker, message, message.body_bytes):
-        return True
-    from recovery.models.replay import MessageEdit
-
-    for edit in MessageEdit.objects.filter(message_id=message.pk).only("headers", "body"):
-        if edit.headers is not None and masker.headers(edit.headers) != edit.headers:
-            return True
-        if edit.body is not None and _changes_body(masker, message, bytes(edit.body)):
-            return True
-    return False
-
-
-def _changes_body(masker, message, body):
-    decoded = readable(message, body=body)
-    if masker.stored(body, decoded) != body:
-        return True
-    if decoded is None:
-        return False
-    shown = masker.decoded(decoded)
-    return (shown.value, shown.text, shown.data) != (decoded.value, decoded.text, decoded.data)
-
-
-def log_body_view(user, message_id, via, how, unmasked=False):
-    """A body was shown (console detail, download, API body or detail, export): who, which,
-    when, how; the activity log's ``body_view`` rows."""
-    Activity.objects.create(
-        user=user,
-        action="body_view",
-        message_id=message_id,
-        via=via,
-        detail={"message": message_id, "how": how, "unmasked": unmasked},
-    )
-
-
-def log_body_views(user, shown, how, via="console"):
-    """``log_body_view`` for many bodies at once, one statement (a group page's previews):
-    ``shown`` maps each message id to whether it was shown unmasked."""
-    Activity.objects.bulk_create(
-        Activity(
-            user=user,
-            action="body_view",
-            message_id=pk,
-            via=via,
-            detail={"message": pk, "how": how, "unmasked": unmasked},
-        )
-        for pk, unmasked in shown.items()
-    )
-
-
-def privacy_of(scope, rules=None):
-    """``(vhost, queue, exchange) -> (masker, may read bodies)`` for rows that are not whole
-    messages (a failure group's newest sample)."""
-    rules = MaskingRules.load() if rules is None else rules
-
-    def of(vhost, queue, exchange):
-        row = types.SimpleNamespace(vhost=vhost, source_queue=queue, source_exchange=exchange)
-        return rules.masker_for(row), scope.may(Privilege.BODIES, row)
-
-    return of

@@ -16,6 +16,7 @@ from django.utils import timezone
 from recovery.broker.codec import unpublishable
 from recovery.broker.confirms import ConfirmingChannel
 from recovery.errors import BrokerUnavailable, StateError
+from recovery.masking.policy import view_of
 from recovery.models import (
     REPLAYABLE,
     Activity,
@@ -28,7 +29,6 @@ from recovery.models import (
     Scope,
     Status,
 )
-from recovery.models.masking import view_of
 from recovery.replay.targets import (
     check_may_redirect,
     check_target_scope,

@@ -362,7 +362,7 @@ def test_it_counts_an_edited_copy_a_rule_reaches_as_masked(client, viewer):
 
 
 def test_it_does_not_count_a_cut_sample_as_a_trial_match():
-    from recovery.mask_trial import SAMPLE_BODY_BYTES, sample_matches
+    from recovery.masking.trial import SAMPLE_BODY_BYTES, sample_matches
 
     rule = MaskRule.objects.create(kind="json_path", pattern="$.card.number")
     make_message(body=json.dumps({"pad": "x" * SAMPLE_BODY_BYTES, "other": 1}).encode())

@@ -6,7 +6,7 @@ import pytest
 from django.core.exceptions import ValidationError
 
 from recovery.bodies.decode import Decoded
-from recovery.masking import MASK, WITHHELD, Masker, compile_rule, parse_json_path
+from recovery.masking.engine import MASK, WITHHELD, Masker, compile_rule, parse_json_path
 from recovery.models import MaskRule
 
 SECRET = "4111-1111-1111-1111"

@@ -5,7 +5,7 @@ from django.db.models import BinaryField, Q
 from django.db.models.expressions import RawSQL
 
 from recovery.bodies import DECODE_FIELDS, readable
-from recovery.masking import compile_rule, is_withheld, masker_of
+from recovery.masking.engine import compile_rule, is_withheld, masker_of
 from recovery.models import Message, TeamScope
 from recovery.models.teams import NOTHING
 
