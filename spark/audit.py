@@ -141,16 +141,36 @@ def audit_frames(
     grace_ms: int,
     sla_ms: int,
     now_ms: int,
+    fold: bool | None = None,
 ) -> dict[str, DataFrame]:
-    """The audit over parsed inputs (``read_logs`` frames, store export, bindings entries).
+    """The audit over parsed inputs (``read_logs`` frames, store export, bindings entries):
+    the day's rollup (``audit_rollup``), then every output read from it (``audit_outputs``).
+    ``fold`` forces the rollup's path (``rollup.takes_fold``; None, the default, lets the day
+    choose): for a test to run one day through both paths and compare every output."""
+    facts, rolled, listed = audit_rollup(
+        producer_raw, consumer_raw, store, bindings, day_start_ms, grace_ms, now_ms, fold
+    )
+    return audit_outputs(facts, rolled, listed, day_start_ms, grace_ms, sla_ms, now_ms)
+
+
+def audit_rollup(
+    producer_raw: DataFrame,
+    consumer_raw: DataFrame,
+    store: DataFrame,
+    bindings: list[dict],
+    day_start_ms: int,
+    grace_ms: int,
+    now_ms: int,
+    fold: bool | None = None,
+) -> tuple[log_facts.LogFacts, DataFrame, dict[str, int]]:
+    """The day's facts, its rollup and the rows each evidence output lists.
 
     One small job summarises both logs onto the driver (``spark/log_facts.py``); then the
     rollup (``spark/rollup.py``). When the rollup shows groups consuming keys no binding names for
     them, those become ``observed`` expectations and the rollup is built again with them: a
     second pass only for the days that need it (a day whose consumers are all bound costs one,
-    and does not even look: ``LogFacts.unbound_possible``).
+    and does not even look: ``LogFacts.unbound_possible``). ``fold``: as ``audit_frames``'.
     """
-    spark = producer_raw.sparkSession
     summary = log_facts.log_summary(producer_raw, consumer_raw).collect()
     facts = log_facts.LogFacts.from_summary(summary, bindings, day_start_ms, grace_ms, now_ms)
     # A first pass that finds any unbound pair is followed by a second one, so it need not
@@ -165,6 +185,7 @@ def audit_frames(
         grace_ms,
         now_ms,
         unbound_evidence=not facts.unbound_possible,
+        fold=fold,
     )
     # Only a day where some group logged lines of a key no binding names it for can have any.
     spans = rollup.observed_spans(rolled) if facts.unbound_possible else []
@@ -178,8 +199,22 @@ def audit_frames(
             observed=expectations.observed_expectations(spans),
         )
         rolled, listed = rollup.rolled(
-            facts, producer_raw, consumer_raw, store, day_start_ms, grace_ms, now_ms
+            facts, producer_raw, consumer_raw, store, day_start_ms, grace_ms, now_ms, fold=fold
         )
+    return facts, rolled, listed
+
+
+def audit_outputs(
+    facts: log_facts.LogFacts,
+    rolled: DataFrame,
+    listed: dict[str, int],
+    day_start_ms: int,
+    grace_ms: int,
+    sla_ms: int,
+    now_ms: int,
+) -> dict[str, DataFrame]:
+    """Every output but the manifest, from ``audit_rollup``'s facts, rollup and listed rows."""
+    spark = rolled.sparkSession
     by_key, overall = metrics.nearest_rank_quantiles(
         metrics.histogram_rows(metrics.latency_histogram(rolled).toArrow())
     )

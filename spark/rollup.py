@@ -42,6 +42,18 @@ def observed_spans(rolled: DataFrame) -> list[tuple]:
     ]
 
 
+def takes_fold(facts: log_facts.LogFacts, fold: bool | None = None) -> bool:
+    """Whether the rollup takes the fold path. The fold settles the messages whose lines come
+    from one group; when many messages may have lines from several (fanout bindings, unbound
+    groups), every message takes the join (``FOLD_MAX_MULTI_GROUP_SHARE``). Both paths give
+    the same outputs: the choice is one of cost, and ``fold`` (True or False) forces it, so
+    that one day can be run through both and compared (tests/spark/test_audit_paths.py);
+    None lets the day's facts choose, as the nightly audit does."""
+    if fold is not None:
+        return fold
+    return facts.multi_group_lines <= FOLD_MAX_MULTI_GROUP_SHARE * facts.producer_lines
+
+
 def messages_of(
     facts: log_facts.LogFacts,
     producer_raw: DataFrame,
@@ -84,6 +96,7 @@ def rolled(
     grace_ms: int,
     now_ms: int,
     unbound_evidence: bool = True,
+    fold: bool | None = None,
 ) -> tuple[DataFrame, dict[str, int]]:
     """One job shuffles the lines by message_id, folds them per message, builds the pairs of
     the messages the fold settles and stores their ``metrics.rollup`` as a local checkpoint,
@@ -92,8 +105,9 @@ def rolled(
     together. Every output reads that checkpoint. The checkpoint cuts the lineage: each output
     is planned over a one-node plan instead of the whole audit's (analysis, cache lookups and
     optimisation of that plan cost seconds per output). Its blocks go with the frames.
-    ``unbound_evidence``: as ``metrics.rollup``'s. Returns the checkpoint and, counted while
-    it was written, the rows each evidence output lists (``evidence.listed_counts``).
+    ``unbound_evidence``: as ``metrics.rollup``'s. ``fold``: the path (``takes_fold``); None
+    lets the day choose. Returns the checkpoint and, counted while it was written, the rows
+    each evidence output lists (``evidence.listed_counts``).
     """
     spark = producer_raw.sparkSession
     keys = log_facts.local_frame(spark, facts.keys, log_facts.KEY_COLUMNS)
@@ -103,9 +117,7 @@ def rolled(
         [(g, i) for i, g in enumerate(facts.bit_groups)],
         [("consumer_group", "string"), ("bit", "int")],
     ).select("consumer_group", "bit", log_facts.group_hash().alias("bit_group_hash"))
-    # The fold settles the messages whose lines come from one group; when many messages may
-    # have lines from several (fanout bindings, unbound groups), every message takes the join.
-    fold = facts.multi_group_lines <= FOLD_MAX_MULTI_GROUP_SHARE * facts.producer_lines
+    fold = takes_fold(facts, fold)
     messages, consumers = messages_of(facts, producer_raw, consumer_raw, bits, day_start_ms, fold)
     stored = transforms.store_rows(
         store,
