@@ -12,8 +12,8 @@ import json
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
 
-from recovery import bodies
 from recovery.models import Activity, DecoderRule, Message, Privilege
+from recovery.models.decoders import readable as decoded_form
 from recovery.models.masking import MaskingRules
 from recovery.search.filters import apply_filters
 
@@ -98,7 +98,7 @@ def export_lines(ids, readable):
             if message is None:  # deleted (retention) since the export began
                 continue
             masker = rules.masker_for(message)
-            stored = bodies.readable(message, decoders) if masker and pk in readable else None
+            stored = decoded_form(message, decoders) if masker and pk in readable else None
             yield json.dumps(_line(message, masker, pk in readable, stored)) + "\n"
 
 

@@ -18,7 +18,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from console.access import operator_required, viewer_required
 from console.forms.reasons import ReasonForm
 from console.forms.replay import DiscardForm, EditReplayForm, TargetForm, add_engine_errors
-from recovery.bodies import DECODE_FIELDS, readable
+from recovery.bodies import DECODE_FIELDS
 from recovery.client import headers as header_codec
 from recovery.errors import BrokerUnavailable, ReplayError
 from recovery.masking.engine import NO_MASKING
@@ -33,6 +33,7 @@ from recovery.models import (
     scope_of,
     team_scoped,
 )
+from recovery.models.decoders import readable
 from recovery.replay import (
     STRIPPED_HEADERS,
     discard_message,

@@ -21,7 +21,6 @@ from recovery.api.serializers import (
     ReplayAttemptSerializer,
     ReplayRequestSerializer,
 )
-from recovery.bodies import decode_message, readable
 from recovery.errors import BrokerUnavailable, ReplayError, StateError
 from recovery.export import export_lines, prepare_export
 from recovery.masking.policy import log_body_view, view_of, with_unmask
@@ -35,6 +34,7 @@ from recovery.models import (
     scope_of,
     team_scoped,
 )
+from recovery.models.decoders import decode_message, readable
 from recovery.replay import (
     discard_matching,
     discard_message,

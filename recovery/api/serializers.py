@@ -5,9 +5,9 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from recovery.api.params import StrictCharField, StrictIntegerChoiceField
-from recovery.bodies import readable
 from recovery.broker.codec import json_headers_problem
 from recovery.models import DIED_AGAIN, Message, ReplayAttempt, Status
+from recovery.models.decoders import readable
 from recovery.replay.options import QUEUE_OR_EXCHANGE, names_queue_and_exchange
 
 # What a message's `state` can be (named MessageStateEnum in the schema).

@@ -1,7 +1,8 @@
 """Bodies an operator can read: compressed, binary and schema'd bodies decoded for the console,
 the API and the search index (recovery.bodies.decode has the chain and its limits,
-recovery.bodies.schemas the protobuf and Avro documents, recovery.models.DecoderRule the
-admin's rules)."""
+recovery.bodies.schemas the protobuf and Avro documents). No models: the admin's rules and
+their application to a stored message (``readable``, ``decode_message``) are
+recovery.models.decoders."""
 
 from django.conf import settings
 
@@ -12,9 +13,7 @@ __all__ = [
     "Decoded",
     "DecodeError",
     "decode",
-    "decode_message",
     "needs_decoding",
-    "readable",
 ]
 
 # The message fields that decide how its body decodes (and so how masking reads it): the
@@ -27,17 +26,6 @@ DECODE_FIELDS = (
     "content_encoding",
     "properties",
 )
-
-
-def decode_message(message, rules=None, limit=None, partial=False):
-    """The chain for a stored message: its properties, and the first decoder rule that matches
-    its vhost, queue and exchange (``rules``: already loaded, e.g. once per indexer batch)."""
-    from recovery.models import DecoderRule
-
-    rule = DecoderRule.first_match(
-        message.vhost, message.source_queue, message.source_exchange, rules
-    )
-    return _decode_with_rule(rule, message, limit, partial)
 
 
 def decode_with(
@@ -58,30 +46,4 @@ def decode_with(
         partial=partial,
         document=document,
         layers=[] if encodings(content_encoding) else encodings(rule.content_encoding),
-    )
-
-
-def readable(message, rules=None, limit=None, body=None):
-    """The decoded form for the console: ``decode_message``'s answer when the message's
-    properties or a decoder rule name a chain, else None (the raw views say it all). Reads the
-    rules once. ``body``: other bytes read as this message's are (an edited copy of it)."""
-    from recovery.models import DecoderRule
-
-    rule = DecoderRule.first_match(
-        message.vhost, message.source_queue, message.source_exchange, rules
-    )
-    if rule is None and not needs_decoding(message.content_type, message.content_encoding):
-        return None
-    return _decode_with_rule(rule, message, limit, body=body)
-
-
-def _decode_with_rule(rule, message, limit=None, partial=False, body=None):
-    return decode_with(
-        rule,
-        message.body_bytes if body is None else bytes(body),
-        message.content_type,
-        message.content_encoding,
-        (message.properties or {}).get("type") or "",
-        limit=limit,
-        partial=partial,
     )

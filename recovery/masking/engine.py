@@ -391,8 +391,8 @@ class Masker:
 
     def stored(self, data, decoded):
         """The stored bytes as a viewer may have them (the raw views, a download, the API's
-        raw body, an export). ``decoded``: the body's decoded form (recovery.bodies.readable),
-        or None for a body read as it is stored.
+        raw body, an export). ``decoded``: the body's decoded form
+        (recovery.models.decoders.readable), or None for a body read as it is stored.
 
         A compressed, encoded or binary-document body (gzip, base64, MessagePack, protobuf...)
         hides its content from the rules as stored (and a reader undoes the layers in a

@@ -10,9 +10,9 @@ from django.db import connection, models
 from django.db.models import Q, Sum
 from django.utils import timezone
 
-from recovery.bodies import readable
 from recovery.client import headers as header_codec
 from recovery.dead_letters import exception_type
+from recovery.models.decoders import readable
 
 
 def fold_deltas(cur, table, key, carried=None):

@@ -1,6 +1,6 @@
 """Decoder rules: an admin says how a queue's bodies are to be read when their properties do not
 (a protobuf queue whose messages say application/octet-stream, an Avro topic behind a schema
-registry). recovery.bodies.decode_message applies the first rule that matches a message."""
+registry). ``decode_message`` and ``readable`` apply the first rule that matches a message."""
 
 import re
 
@@ -8,7 +8,15 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 
-from recovery.bodies.decode import BYTE_LAYERS, JSON, MSGPACK, DecodeError, encodings
+from recovery.bodies import decode_with
+from recovery.bodies.decode import (
+    BYTE_LAYERS,
+    JSON,
+    MSGPACK,
+    DecodeError,
+    encodings,
+    needs_decoding,
+)
 
 
 def glob_regex(pattern):
@@ -168,3 +176,36 @@ class DecoderRule(models.Model):
     def first_match(cls, vhost, queue, exchange, rules=None):
         rules = list(cls.objects.all()) if rules is None else rules
         return next((r for r in rules if r.matches(vhost, queue, exchange)), None)
+
+
+def decode_message(message, rules=None, limit=None, partial=False):
+    """The chain for a stored message: its properties, and the first decoder rule that matches
+    its vhost, queue and exchange (``rules``: already loaded, e.g. once per indexer batch)."""
+    rule = DecoderRule.first_match(
+        message.vhost, message.source_queue, message.source_exchange, rules
+    )
+    return _decode_with_rule(rule, message, limit, partial)
+
+
+def readable(message, rules=None, limit=None, body=None):
+    """The decoded form for the console: ``decode_message``'s answer when the message's
+    properties or a decoder rule name a chain, else None (the raw views say it all). Reads the
+    rules once. ``body``: other bytes read as this message's are (an edited copy of it)."""
+    rule = DecoderRule.first_match(
+        message.vhost, message.source_queue, message.source_exchange, rules
+    )
+    if rule is None and not needs_decoding(message.content_type, message.content_encoding):
+        return None
+    return _decode_with_rule(rule, message, limit, body=body)
+
+
+def _decode_with_rule(rule, message, limit=None, partial=False, body=None):
+    return decode_with(
+        rule,
+        message.body_bytes if body is None else bytes(body),
+        message.content_type,
+        message.content_encoding,
+        (message.properties or {}).get("type") or "",
+        limit=limit,
+        partial=partial,
+    )

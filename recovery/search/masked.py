@@ -17,8 +17,8 @@ import json
 
 from django.db.models import Q
 
-from recovery import bodies
 from recovery.models import DecoderRule
+from recovery.models.decoders import readable
 from recovery.models.masking import MaskingRules
 from recovery.models.teams import NOTHING
 
@@ -57,7 +57,7 @@ def masked_q(rules=None):
 def masked_document(message, masker, decoders):
     """What a viewer may read of ``message`` as one text: ids, masked headers, masked body."""
     headers = masker.free_text(json.dumps(masker.headers(message.headers), ensure_ascii=False))
-    decoded = bodies.readable(message, decoders)
+    decoded = readable(message, decoders)
     if decoded is not None:
         body = masker.decoded(decoded).text or ""
     else:
