@@ -6,7 +6,7 @@ from django.contrib import messages as flash
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.db import OperationalError, transaction
-from django.http import HttpResponse, StreamingHttpResponse
+from django.http import HttpResponse, HttpResponseRedirect, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
@@ -115,8 +115,13 @@ def message_list(request):
 
 def _back(request, fallback="messages"):
     target = request.POST.get("next", "")
-    if target and url_has_allowed_host_and_scheme(target, {request.get_host()}):
-        return redirect(target)
+    # A path of this site only: redirect() would take any other text for a view's name (a 500).
+    if (
+        target.startswith("/")
+        and "\x00" not in target
+        and url_has_allowed_host_and_scheme(target, {request.get_host()})
+    ):
+        return HttpResponseRedirect(target)
     return redirect(fallback)
 
 

@@ -1,6 +1,7 @@
 """Users and roles (admins only): create, set the role, deactivate, reactivate."""
 
 from axes.utils import reset
+from django import forms
 from django.contrib import messages as flash
 from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
@@ -22,6 +23,14 @@ from recovery.models import (
     set_privileges,
     set_role,
 )
+
+
+class UnlockForm(forms.Form):
+    """What a lockout is lifted for: read through a form, as django-axes' columns take them (a
+    NUL byte, a 256-character name or an address that is none was a 500)."""
+
+    username = forms.CharField(required=False, max_length=255)
+    ip_address = forms.GenericIPAddressField(required=False)
 
 
 def _privileges(user):
@@ -172,7 +181,11 @@ def user_active(request, pk):
 def user_unlock(request):
     """Lift a login lockout (django-axes' records): a username at an address, a username
     everywhere (its slow-down too), or an address for every username."""
-    username, address = request.POST.get("username", ""), request.POST.get("ip_address", "")
+    form = UnlockForm(request.POST)
+    if not form.is_valid():
+        flash.error(request, "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items()))
+        return redirect("users")
+    username, address = form.cleaned_data["username"], form.cleaned_data["ip_address"] or ""
     if not (username or address):
         flash.error(request, "Give a username or a client address to unlock.")
         return redirect("users")

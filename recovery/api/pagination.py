@@ -7,8 +7,11 @@ schema states its bounds.
 import bisect
 import json
 
+from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.pagination import Cursor, CursorPagination
+
+BIGINT = 2**63
 
 
 class StrictCursorPagination(CursorPagination):
@@ -19,11 +22,34 @@ class StrictCursorPagination(CursorPagination):
         raw = request.query_params.get(self.page_size_query_param)
         if raw is None:
             return self.page_size
-        if not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= self.max_page_size:
+        # The length first: int() refuses more than 4,300 digits with a ValueError (a 500).
+        digits = raw.isascii() and raw.isdigit() and len(raw) <= len(str(self.max_page_size))
+        if not digits or not 1 <= int(raw) <= self.max_page_size:
             raise ValidationError(
                 {self.page_size_query_param: [f"A whole number from 1 to {self.max_page_size}."]}
             )
         return int(raw)
+
+    def paginate_queryset(self, queryset, request, view=None):
+        self._model = queryset.model  # decode_cursor types a cursor's position by it
+        return super().paginate_queryset(queryset, request, view)
+
+    def decode_cursor(self, request):
+        """DRF's cursor, its position checked against the ordering's first field: a forged
+        ``p=abc`` on an id-ordered list, a bigint overflow or a NUL byte reached the query (a
+        500); any position no row can have is DRF's 404 "Invalid cursor", as a bad cursor."""
+        cursor = super().decode_cursor(request)
+        model = getattr(self, "_model", None)
+        if cursor is None or cursor.position is None or model is None:
+            return cursor
+        field = model._meta.get_field(self.ordering[0].lstrip("-"))
+        try:
+            if "\x00" in cursor.position:
+                raise DjangoValidationError("NUL")
+            field.run_validators(field.to_python(cursor.position))
+        except DjangoValidationError as exc:
+            raise NotFound(self.invalid_cursor_message) from exc
+        return cursor
 
     def get_schema_operation_parameters(self, view):
         parameters = super().get_schema_operation_parameters(view)
@@ -105,7 +131,10 @@ class RowsCursorPagination(StrictCursorPagination):
             edge = tuple(json.loads(position))
             if keys and [type(v) for v in edge] != [type(v) for v in keys[0]]:
                 raise ValueError(position)
-        except (TypeError, ValueError) as exc:
+            # Passed on to SQL: PostgreSQL refuses NUL in text and integers past a bigint.
+            if any("\x00" in v if isinstance(v, str) else not -BIGINT <= v < BIGINT for v in edge):
+                raise ValueError(position)
+        except (TypeError, ValueError, RecursionError) as exc:
             raise NotFound(self.invalid_cursor_message) from exc
         return edge
 
