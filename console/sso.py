@@ -26,7 +26,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from joserfc import errors as joserfc_errors
 
-from recovery.models import Grant, SsoIdentity, log_refusal
+from recovery.models import Activity, Grant, SsoIdentity, log_refusal, set_privileges
 
 log = logging.getLogger(__name__)
 
@@ -347,41 +347,10 @@ def _decide(claims):
             "to add you to a mapped group."
         )
         return _refuse(username, reason, identity, groups)
-    User = get_user_model()
     if identity is None:
-        if User.objects.filter(username__iexact=username).exists():
-            return _refuse(
-                username,
-                f"A Lazarus account named {username!r} exists already and belongs to someone "
-                "else (a local account, or another account at the provider). An administrator "
-                "must rename or remove it before you can sign in with the provider.",
-                None,
-                groups,
-            )
-        try:
-            # Two first sign-ins of one person at once (two tabs): one creates the account, the
-            # other finds it (the unique username and issuer+subject decide, not a 500).
-            with transaction.atomic():
-                user = User(username=username, email=claims.get("email") or "")
-                user.set_unusable_password()
-                user.save()
-                identity = SsoIdentity.objects.create(user=user, issuer=issuer, subject=subject)
-            log.info("sign-in: created user %r for %s at %s", username, subject, issuer)
-        except IntegrityError:
-            identity = (
-                SsoIdentity.objects.select_related("user")
-                .filter(issuer=issuer, subject=subject)
-                .first()
-            )
-            if identity is None:
-                return _refuse(
-                    username,
-                    f"A Lazarus account named {username!r} was created for someone else at the "
-                    "same moment. An administrator must rename or remove it before you can "
-                    "sign in with the provider.",
-                    None,
-                    groups,
-                )
+        identity = _first_sign_in(claims, username, groups)
+        if isinstance(identity, Refused):
+            return identity
     user = identity.user
     if not user.is_active:
         return _refuse(
@@ -391,6 +360,15 @@ def _decide(claims):
             groups,
             take_away=False,
         )
+    grant, removed_from = grant.without_removals(user)
+    if grant.empty:
+        return _refuse(
+            user.username,
+            f"A Lazarus administrator removed you from {', '.join(removed_from)}, the only team "
+            "your groups give you. Ask them to add you again (Teams page).",
+            identity,
+            groups,
+        )
     identity.groups = groups
     identity.last_login_at = timezone.now()
     identity.save(update_fields=["groups", "last_login_at"])
@@ -398,10 +376,103 @@ def _decide(claims):
     return user
 
 
-def _refuse(username, reason, identity, groups, take_away=True):
-    """Logs the refusal; a known user loses their roles, teams and API tokens (not for a
-    deactivated user: an admin took them out already). Returns the Refused to raise once this
-    is committed."""
+def _first_sign_in(claims, username, groups):
+    """The new SsoIdentity of a provider account Lazarus has not seen (by issuer and subject),
+    or a Refused. The username claim only names a new user: many providers let users edit it,
+    so it never links an account by itself (_link)."""
+    issuer, subject = claims["iss"], str(claims["sub"])
+    User = get_user_model()
+    existing = User.objects.select_related("sso_identity").filter(username__iexact=username)
+    if existing.exists():
+        return _link(existing.first(), claims, username, groups)
+    try:
+        # Two first sign-ins of one person at once (two tabs): one creates the account, the
+        # other finds it (the unique username and issuer+subject decide, not a 500).
+        with transaction.atomic():
+            user = User(username=username, email=claims.get("email") or "")
+            user.set_unusable_password()
+            user.save()
+            # Least privileges for what sign-in creates: an admin grants bodies (Users page).
+            set_privileges(user, bodies=False)
+            identity = SsoIdentity.objects.create(user=user, issuer=issuer, subject=subject)
+        log.info("sign-in: created user %r for %s at %s", username, subject, issuer)
+        return identity
+    except IntegrityError:
+        identity = (
+            SsoIdentity.objects.select_related("user")
+            .filter(issuer=issuer, subject=subject)
+            .first()
+        )
+        if identity is not None:
+            return identity
+        return _refuse(
+            username,
+            f"A Lazarus account named {username!r} was created for someone else at the "
+            "same moment. An administrator must rename or remove it before you can "
+            "sign in with the provider.",
+            None,
+            groups,
+            subject=subject,
+        )
+
+
+def _email_verified(claims, user):
+    """The provider vouches (email_verified) that this account owns ``user``'s email address."""
+    email = claims.get("email")
+    # Some providers (Amazon Cognito) send the boolean as a string.
+    verified = claims.get("email_verified") in (True, "true")
+    return (
+        verified
+        and isinstance(email, str)
+        and bool(user.email)
+        and email.strip().casefold() == user.email.strip().casefold()
+    )
+
+
+def _link(user, claims, username, groups):
+    """A provider account's first sign-in under the name of an existing Lazarus user: linked
+    only when the user has no provider account yet, is not a superuser (break-glass accounts
+    stay local) and the provider says the email address is verified and the user's. Otherwise a
+    refusal that names the clash, in the activity log, never a silent take-over."""
+    issuer, subject = claims["iss"], str(claims["sub"])
+    claim = settings.OIDC_USERNAME_CLAIM
+    if hasattr(user, "sso_identity"):
+        reason = (
+            f"The Lazarus account {user.username!r}, the name your {claim!r} claim gives you, "
+            "already belongs to another account at the identity provider (it signed in with "
+            "that name first). You are not signed in. Ask a Lazarus administrator to rename "
+            "or remove that account (Users page); this refusal is in the activity log."
+        )
+    elif user.is_superuser:
+        reason = (
+            f"A Lazarus account named {user.username!r} exists already and is a superuser: it "
+            "stays a local account (break-glass) and is never linked to the provider."
+        )
+    elif not _email_verified(claims, user):
+        reason = (
+            f"A Lazarus account named {user.username!r} exists already, and the identity "
+            "provider does not vouch that it is yours (it links only when the provider says "
+            "your email address is verified and it is the account's). An administrator must "
+            "set the account's email, or rename or remove it, before you can sign in."
+        )
+    else:
+        identity = SsoIdentity.objects.create(user=user, issuer=issuer, subject=subject)
+        Activity.objects.create(
+            user=user,
+            action="sso_linked",
+            via="console",
+            acting_team=None,
+            detail={"username": user.username, "issuer": issuer, "subject": subject},
+        )
+        log.info("sign-in: linked %r to %s at %s (verified email)", user.username, subject, issuer)
+        return identity
+    return _refuse(username, reason, None, groups, subject=subject, existing_user=user.pk)
+
+
+def _refuse(username, reason, identity, groups, take_away=True, **extra):
+    """Logs the refusal (``extra`` in the activity row's detail); a known user loses their
+    roles, teams and API tokens (not for a deactivated user: an admin took them out already).
+    Returns the Refused to raise once this is committed."""
     revoked = 0
     user = identity.user if identity is not None else None
     if identity is not None and take_away:
@@ -409,7 +480,7 @@ def _refuse(username, reason, identity, groups, take_away=True):
         identity.groups = groups
         identity.last_login_at = timezone.now()
         identity.save(update_fields=["groups", "last_login_at"])
-    log_refusal(username, reason, user=user, groups=groups, revoked_tokens=revoked)
+    log_refusal(username, reason, user=user, groups=groups, revoked_tokens=revoked, **extra)
     log.warning(
         "sign-in refused for %r (groups %s): %s%s",
         username,

@@ -36,6 +36,7 @@ class ActivityFilterForm(forms.Form):
         ("user_activated", "user activated"),
         ("login_refused", "sign-in refused"),
         ("sso_roles_changed", "roles changed at sign-in"),
+        ("sso_linked", "account linked at sign-in"),
         ("sso_mapping_created", "sign-in mapping created"),
         ("sso_mapping_changed", "sign-in mapping changed"),
         ("sso_mapping_deleted", "sign-in mapping deleted"),

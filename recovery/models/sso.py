@@ -7,6 +7,13 @@ groups is mapped to; ``SsoIdentity.apply`` makes a user's global role and team m
 exactly that grant, at every sign-in, so a group the provider no longer lists takes its role and
 team away at the user's next sign-in. A grant of nothing is a refusal (``refuse``): the user's
 roles, teams and API tokens are taken away then too.
+
+Who owns what: the provider owns which teams a user is in and their role in each (its groups,
+through the mappings); Lazarus owns each membership's privileges (bodies, unmask, export) and an
+admin's removal of a member. So sign-in changes an existing membership's role only, creates a
+missing one with the least privileges (metadata only: a mapping gives no privileges), and
+leaves out a team an admin removed the user from (MembershipRemoval) until an admin adds them
+again.
 """
 
 from dataclasses import dataclass, field
@@ -18,7 +25,7 @@ from django.db import models, transaction
 from django.utils import timezone
 
 from recovery.models.access import ROLE_ORDER, Activity, ApiToken, Role, global_role_of
-from recovery.models.teams import Membership, Team
+from recovery.models.teams import Membership, MembershipRemoval, Team
 
 
 class GroupMapping(models.Model):
@@ -107,6 +114,17 @@ class Grant:
     def empty(self):
         return self.role is None and not self.teams
 
+    def without_removals(self, user):
+        """This grant less the teams an admin removed ``user`` from, and those teams' names."""
+        removed = set(
+            MembershipRemoval.objects.filter(user=user, team_id__in=list(self.teams)).values_list(
+                "team_id", flat=True
+            )
+        )
+        kept = {team: role for team, role in self.teams.items() if team not in removed}
+        names = sorted(Team.objects.filter(pk__in=removed).values_list("name", flat=True))
+        return Grant(role=self.role, teams=kept, groups=self.groups), names
+
 
 def _roles_summary(user):
     teams = dict(
@@ -140,9 +158,11 @@ class SsoIdentity(models.Model):
     @transaction.atomic
     def apply(self, grant):
         """Makes the user's global role and team memberships exactly ``grant`` (superuser and
-        staff flags are left alone). Logs a ``sso_roles_changed`` activity row when it changed
-        anything. A user in any team has only their team roles (recovery.models.teams), so a
-        global viewer or operator role next to a team is not given; global admin always is."""
+        staff flags, and existing memberships' privileges, are left alone; the caller has taken
+        the admin's removals out of ``grant``: Grant.without_removals). Logs a
+        ``sso_roles_changed`` activity row when it changed anything. A user in any team has
+        only their team roles (recovery.models.teams), so a global viewer or operator role next
+        to a team is not given; global admin always is."""
         user = self.user
         before = _roles_summary(user)
         role_groups = [Group.objects.get_or_create(name=r.value)[0] for r in ROLE_ORDER]
@@ -150,7 +170,10 @@ class SsoIdentity(models.Model):
         for team_id, team_role in grant.teams.items():
             membership = Membership.objects.filter(user=user, team_id=team_id).first()
             if membership is None:
-                Membership(user=user, team_id=team_id, role=team_role).save()
+                # Least privileges: an admin grants bodies, unmask or export (Teams page).
+                Membership(
+                    user=user, team_id=team_id, role=team_role, bodies=False, unmask=False
+                ).save()
             elif membership.role != team_role:
                 membership.role = team_role
                 membership.save(update_fields=["role"])
@@ -181,9 +204,9 @@ class SsoIdentity(models.Model):
         return revoked
 
 
-def log_refusal(username, reason, *, user=None, groups=None, revoked_tokens=0):
+def log_refusal(username, reason, *, user=None, groups=None, revoked_tokens=0, **extra):
     """A refused sign-in in the activity log (the console's activity page, action
-    ``login_refused``)."""
+    ``login_refused``); ``extra`` (the provider account's subject, ...) is kept in the detail."""
     Activity.objects.create(
         user=user,
         action="login_refused",
@@ -194,5 +217,6 @@ def log_refusal(username, reason, *, user=None, groups=None, revoked_tokens=0):
             "reason": reason,
             "groups": list(groups or []),
             "revoked_tokens": revoked_tokens,
+            **extra,
         },
     )

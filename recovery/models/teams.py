@@ -145,17 +145,56 @@ class Membership(models.Model):
     def save(self, *args, **kwargs):
         """Joining a team drops the user's global viewer/operator role (not admin): it no
         longer applies, and leaving every team (or the team's deletion) must not give them
-        every message back. They have no role then until an admin sets one."""
+        every message back. They have no role then until an admin sets one.
+
+        Saving a membership also ends an admin's removal of this user from this team
+        (MembershipRemoval): single sign-on never creates one while the removal stands, so a
+        save here is an admin adding the member again (console or API)."""
         from django.contrib.auth.models import Group
 
         # On every save: a membership moved to another user (PUT) drops theirs as well.
         self.user.groups.remove(
             *Group.objects.filter(name__in=[Role.VIEWER.value, Role.OPERATOR.value])
         )
+        if self.pk is not None:
+            before = Membership.objects.filter(pk=self.pk).values("user_id", "team_id").first()
+            if before and (before["user_id"], before["team_id"]) != (self.user_id, self.team_id):
+                # Moving a membership (API PUT) takes its old user out of its old team.
+                MembershipRemoval.record(before["user_id"], before["team_id"])
         super().save(*args, **kwargs)
+        MembershipRemoval.objects.filter(user_id=self.user_id, team_id=self.team_id).delete()
+
+    def delete(self, *args, **kwargs):
+        """An admin removing a member (console Teams page, API DELETE: the only callers of a
+        single membership's delete; sign-in and cascades delete through querysets) is
+        remembered, so the provider's groups do not put them back at their next sign-in."""
+        MembershipRemoval.record(self.user_id, self.team_id)
+        return super().delete(*args, **kwargs)
 
     def privileges(self):
         return frozenset(p for p in Privilege if getattr(self, p.value))
+
+
+class MembershipRemoval(models.Model):
+    """An admin took ``user`` out of ``team``. Single sign-on respects it: the user's groups at
+    the provider do not put them back in the team until an admin adds them again (which deletes
+    this row, Membership.save). docs/security.md, "Single sign-on"."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="membership_removals"
+    )
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="removals")
+    # Who removed them is in the activity log (team_member_deleted, membership_deleted).
+    removed_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "team"], name="membership_removal_user_team")
+        ]
+
+    @classmethod
+    def record(cls, user_id, team_id):
+        cls.objects.update_or_create(user_id=user_id, team_id=team_id)
 
 
 def role_of(user):

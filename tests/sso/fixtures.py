@@ -112,6 +112,13 @@ class Provider:
         """Everyone's groups as tests/sso/users.json has them."""
         shutil.copy(USERS, self.users_file)
 
+    def set_claims(self, username, **claims):
+        """Adds a user at the provider, or changes their profile claims (preferred_username,
+        email, email_verified, groups), as a user who edits their profile there would."""
+        users = json.loads(self.users_file.read_text())
+        users.setdefault(username, {"password": f"{username}-pw"}).update(claims)
+        self.users_file.write_text(json.dumps(users))
+
     def set_groups(self, username, groups):
         """Changes a user's groups at the provider (``None``: no groups claim at all)."""
         users = json.loads(self.users_file.read_text())

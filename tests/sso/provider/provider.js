@@ -11,6 +11,9 @@
 // (as providers that keep id tokens small do); false puts them in the id token too.
 // usersFile: {"alice": {"password": "...", "groups": ["..."]}, ...}, read at every sign-in (a
 // test changes someone's groups by rewriting it); a user without "groups" gets no groups claim.
+// The login name is the subject (sub); "preferred_username" and "email" default to it and to
+// <login>@example.test (a user may set them, as providers whose users edit their profile do);
+// "email_verified" is sent only when the user has it.
 // allowLocalRedirects: any http://testserver, localhost or 127.0.0.1 port may be a redirect URI
 // (/sso/callback) or a post-logout redirect URI (/login/): the tests' servers have random ports.
 // Once it listens it prints one line, "listening <issuer> <port>", on stdout.
@@ -65,7 +68,7 @@ const provider = new Provider(config.issuer, {
   claims: {
     openid: ['sub'],
     profile: ['preferred_username', 'name'],
-    email: ['email'],
+    email: ['email', 'email_verified'],
     groups: ['groups'],
   },
   scopes: ['openid', 'offline_access', 'profile', 'email', 'groups'],
@@ -90,7 +93,13 @@ const provider = new Provider(config.issuer, {
     return {
       accountId: id,
       async claims() {
-        const claims = { sub: id, preferred_username: id, name: user.name || id, email: `${id}@example.test` };
+        const claims = {
+          sub: id,
+          preferred_username: user.preferred_username ?? id,
+          name: user.name || id,
+          email: user.email ?? `${id}@example.test`,
+        };
+        if (user.email_verified !== undefined) claims.email_verified = user.email_verified;
         if (user.groups !== undefined) claims.groups = user.groups;
         return claims;
       },
@@ -106,7 +115,7 @@ const provider = new Provider(config.issuer, {
       accountId: ctx.oidc.session.accountId,
     });
     grant.addOIDCScope(ctx.oidc.requestParamScopes ? [...ctx.oidc.requestParamScopes].join(' ') : 'openid');
-    grant.addOIDCClaims(['preferred_username', 'name', 'email', 'groups']);
+    grant.addOIDCClaims(['preferred_username', 'name', 'email', 'email_verified', 'groups']);
     await grant.save();
     return grant;
   },
