@@ -3,6 +3,7 @@
 import logging
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.contrib.auth import views as auth_views
 from django.shortcuts import render
 from django.views.decorators.cache import never_cache
@@ -23,11 +24,25 @@ def _context():
     }
 
 
+def _possible_username(username):
+    field = get_user_model()._meta.get_field("username")
+    return "\x00" not in username and len(username) <= field.max_length
+
+
 @never_cache
 @csrf_protect
 def login(request):
     if request.method == "POST":
         username = request.POST.get("username", "").strip()
+        if not _possible_username(username):
+            # No account has it, and django-axes would fail to record it (a NUL, or longer
+            # than its column): refused here, before the throttle and the password check.
+            return render(
+                request,
+                "registration/login.html",
+                {"refused": "Not a username.", "next": "", **_context()},
+                status=400,
+            )
         address = login_guard.client_address(request)
         reason = login_guard.refusal(username, address)
         if reason:
