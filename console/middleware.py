@@ -3,8 +3,7 @@ from urllib.parse import urlparse
 from django.conf import settings
 from django.http import Http404
 
-from recovery.api.auth import caller_scope
-from recovery.models.access import ACTING_TEAM
+from recovery.access.tokens import caller_scope
 
 
 class ContentSecurityPolicyMiddleware:
@@ -56,12 +55,7 @@ class TeamScopeMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
-        # A worker thread serves the next request with the same context: start it clean.
-        reset = ACTING_TEAM.set(None)
-        try:
-            return self.get_response(request)
-        finally:
-            ACTING_TEAM.reset(reset)
+        return self.get_response(request)
 
     def process_view(self, request, view_func, view_args, view_kwargs):
         if hasattr(view_func, "cls") or getattr(view_func, "team_scoped", False):

@@ -207,7 +207,7 @@ MIDDLEWARE = [
     "axes.middleware.AxesMiddleware",
 ]
 
-# Login throttling (console/login_guard.py, django-axes): LOGIN_FAILURE_LIMIT failed logins of
+# Login throttling (recovery/access/throttle.py, django-axes): LOGIN_FAILURE_LIMIT failed logins of
 # one username from one client address lock that pair for LOGIN_LOCKOUT_MINUTES (or until an admin
 # unlocks it on the users page); LOGIN_ADDRESS_FAILURE_LIMIT failures from one address across
 # usernames slow that address (each username that failed there: one try per
@@ -234,7 +234,7 @@ LOGIN_SLOWDOWN_SECONDS = env_int("LOGIN_SLOWDOWN_SECONDS", 5, minimum=1)
 # REMOTE_ADDR only. Wrong either way, and all callers share one address (too many proxies
 # counted: a forged one; too few: the proxy's).
 LOGIN_PROXY_COUNT = env_int("LOGIN_PROXY_COUNT", 0, minimum=0)
-AXES_CLIENT_IP_CALLABLE = "console.login_guard.client_address"
+AXES_CLIENT_IP_CALLABLE = "recovery.access.throttle.client_address"
 
 # Single sign-on through an OpenID Connect provider (console/sso.py; docs/security.md "Single
 # sign-on"): off while OIDC_ISSUER is empty. The provider's endpoints are discovered from
@@ -369,8 +369,8 @@ SPECTACULAR_SETTINGS = {
         "UncoveredKindEnum": "recovery.api.alerts.UNCOVERED_KINDS",
         "ReplayJobStateEnum": "recovery.api.replay_jobs.ReplayJobState",
         # A membership's role and a sign-in mapping's team_role; a mapping's global role.
-        "TeamRoleEnum": "recovery.models.teams.Membership.TeamRole",
-        "GlobalRoleEnum": "recovery.models.access.Role",
+        "TeamRoleEnum": "recovery.access.teams.Membership.TeamRole",
+        "GlobalRoleEnum": "recovery.access.models.Role",
     },
 }
 

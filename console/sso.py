@@ -7,7 +7,7 @@ them).
 ``SignInError`` is every way a sign-in fails, each with a page of its own and a log line:
 ``explain()`` turns what Authlib, joserfc and requests raise into one. ``sign_in()`` turns the
 id token's claims into a Lazarus user with the role and teams their groups are mapped to, or a
-refusal (recovery.models.sso).
+refusal (recovery.access.sso).
 """
 
 import logging

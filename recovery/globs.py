@@ -8,7 +8,7 @@ expression: the glob is split on ``*`` and each literal piece is found left to r
 leftmost occurrence each time, which is O(len(name) x len(glob)) and never backtracks.
 (Taking the leftmost occurrence is always right: anything a later occurrence could match
 after it, the earlier one can match too.) PostgreSQL runs the same globs as anchored regular
-expressions (``recovery.models.teams.glob_to_regex``); its engine is a DFA, linear as well.
+expressions (``recovery.access.teams.glob_to_regex``); its engine is a DFA, linear as well.
 """
 
 import functools

@@ -12,7 +12,7 @@ from django.db.migrations.executor import MigrationExecutor
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
-from recovery.api.auth import caller_scope, is_monitoring
+from recovery.access.tokens import caller_scope, is_monitoring
 from recovery.broker.connection import connect
 from recovery.collector.health import collector_health
 from recovery.models import Role, team_scoped

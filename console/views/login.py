@@ -1,4 +1,4 @@
-"""The login page: Django's LoginView behind the throttles of console/login_guard.py."""
+"""The login page: Django's LoginView behind the throttles of recovery/access/throttle.py."""
 
 import logging
 
@@ -9,7 +9,8 @@ from django.shortcuts import render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_protect
 
-from console import login_guard, sso
+from console import sso
+from recovery.access import throttle
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +44,8 @@ def login(request):
                 {"refused": "Not a username.", "next": "", **_context()},
                 status=400,
             )
-        address = login_guard.client_address(request)
-        reason = login_guard.refusal(username, address)
+        address = throttle.client_address(request)
+        reason = throttle.refusal(username, address)
         if reason:
             log.warning(
                 "login refused before the password check: %s (%r from %s)",

@@ -23,12 +23,12 @@ from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from recovery.api.auth import caller_scope, is_monitoring
-from recovery.broker import tally
+from recovery.access.tokens import caller_scope, is_monitoring
 from recovery.models import (
     OPEN,
     AlertRule,
     AuditRun,
+    BrokerTally,
     CollectorHeartbeat,
     MessageTotal,
     Notification,
@@ -238,8 +238,8 @@ class StoreCollector:
         yield from (firing, by_state, per_rule, pending, failing)
 
     def broker(self):
-        """The broker tally's last hour (recovery/broker/tally.py); unknown is said, not 0."""
-        state = tally.state(self.now)
+        """The broker tally's last hour (recovery/models/broker.py); unknown is said, not 0."""
+        state = BrokerTally.objects.state(self.now)
         unknown = GaugeMetricFamily(
             "lazarus_broker_tally_unknown",
             "1 when the broker's counters are not being read (stale or unreadable samples)",
@@ -250,7 +250,7 @@ class StoreCollector:
             "The broker's own count against the store over the last hour, by figure",
             labels=["figure"],
         )
-        for figure in tally.FIGURES:
+        for figure in BrokerTally.FIGURES:
             hour.add_metric([figure], state["hour"][figure])
         yield from (unknown, hour)
 

@@ -1,5 +1,5 @@
 """Single sign-on's group mappings (admins): which provider group gives which global role, or
-which role in which team (recovery.models.sso; docs/security.md, "Single sign-on"). Applied at
+which role in which team (recovery.access.sso; docs/security.md, "Single sign-on"). Applied at
 each user's next sign-in."""
 
 from django import forms

@@ -10,9 +10,9 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
-from console import login_guard
 from console.access import admin_required
 from console.forms.people import RoleForm, UserCreateForm
+from recovery.access import throttle
 from recovery.models import (
     Activity,
     ApiToken,
@@ -82,7 +82,7 @@ def user_list(request):
     return render(
         request,
         "users.html",
-        {"form": form, "users": _users(), "roles": list(Role), "lockouts": login_guard.lockouts()},
+        {"form": form, "users": _users(), "roles": list(Role), "lockouts": throttle.lockouts()},
     )
 
 

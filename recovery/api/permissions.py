@@ -9,7 +9,7 @@ class RolePermission(permissions.BasePermission):
     A view may set ``required_role`` to demand more than the method implies. The role is the
     caller's: a token acting as a team has its user's role in that team. A team caller (a user
     in a team, or a team token) is refused by every view not marked ``team_scoped`` (see
-    ``recovery.models.teams``): an endpoint added without scoping fails closed.
+    ``recovery.access.scope``): an endpoint added without scoping fails closed.
     """
 
     message = "Your role does not allow this."

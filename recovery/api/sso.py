@@ -1,5 +1,5 @@
 """sso-mappings (admin): which provider group gives which global role, or which role in which
-team (recovery.models.sso; docs/security.md, "Single sign-on"), so the mappings can be kept
+team (recovery.access.sso; docs/security.md, "Single sign-on"), so the mappings can be kept
 with the rest of a company's identity set-up rather than typed into the console. Applied at each
 user's next sign-in; checked as the console's form checks them (a global role or a team with a
 role, never both or neither; a group mapped twice the same way is a 400) and logged as it logs

@@ -1,5 +1,5 @@
 """teams (admin): teams, their scopes and their members, so other teams' automation can be set
-up through the API as well as the console. Scopes are globs (``recovery.models.teams``); a bad
+up through the API as well as the console. Scopes are globs (``recovery.access.teams``); a bad
 pattern is a 400 naming the field."""
 
 from django.contrib.auth import get_user_model

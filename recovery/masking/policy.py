@@ -12,8 +12,8 @@ import types
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
+from recovery.access.models import Activity, Privilege
 from recovery.masking.engine import NO_MASKING, Masker
-from recovery.models.access import Activity, Privilege
 from recovery.models.decoders import readable
 from recovery.models.masking import MaskingRules, Unmask
 

@@ -4,11 +4,11 @@ from django.conf import settings
 from django.db.models import BinaryField, Q
 from django.db.models.expressions import RawSQL
 
+from recovery.access.teams import NOTHING
 from recovery.bodies import DECODE_FIELDS
 from recovery.masking.engine import compile_rule, is_withheld, masker_of
 from recovery.models import Message, TeamScope
 from recovery.models.decoders import readable
-from recovery.models.teams import NOTHING
 
 # How much of each sampled body the masking page tries a rule on.
 SAMPLE_BODY_BYTES = 64 * 1024

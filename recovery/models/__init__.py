@@ -2,13 +2,14 @@
 
 - store: the recovery store (Message, its search documents, collector heartbeats)
 - counts: the store's counts per hour and per failure group, and the queries over them
-- access: roles, API tokens, idempotency keys, rate windows, the activity log
+- recovery.access (its own package, registered here): roles, privileges, API tokens, the
+  activity log; teams, their scopes and memberships; Scope; single sign-on's mappings and
+  identities
+- api: the API's idempotency keys and per-token rate windows
 - replay: replay attempts, bulk jobs and their items, edited versions
 - history: what was done to each message, kept after retention deleted it (HISTORY_DAYS)
 - audit: nightly audit runs, windows, evidence, input gaps; the bindings history
 - alerts: alert rules, their transitions, notification channels and the notification outbox
-- teams: teams, their scopes and memberships; Scope, what one caller may see
-- sso: single sign-on's group mappings (provider group -> role, team) and provider identities
 - broker: the broker's own tally of dead-lettered and dropped messages against the store
 - retention: what leaves the store after RETENTION_DAYS, store-wide
 - decoders: admins' rules for reading bodies (protobuf, Avro, MessagePack) per queue
@@ -16,12 +17,10 @@
 - tasks: the store's Celery beat tasks (retention, folding the counts)
 """
 
-from recovery.models.access import (
+from recovery.access.models import (
     ROLE_ORDER,
     Activity,
-    ApiRateWindow,
     ApiToken,
-    IdempotencyKey,
     Privilege,
     Role,
     global_privileges_of,
@@ -30,7 +29,19 @@ from recovery.models.access import (
     set_privileges,
     set_role,
 )
+from recovery.access.scope import Scope, scope_of, team_scoped
+from recovery.access.sso import Grant, GroupMapping, SsoIdentity, log_refusal
+from recovery.access.teams import (
+    Membership,
+    MembershipRemoval,
+    Team,
+    TeamScope,
+    glob_to_regex,
+    has_role,
+    role_of,
+)
 from recovery.models.alerts import AlertRule, AlertTransition, Notification, NotificationChannel
+from recovery.models.api import ApiRateWindow, IdempotencyKey
 from recovery.models.audit import (
     WARNING_METRICS,
     AuditEvidence,
@@ -63,7 +74,6 @@ from recovery.models.replay import (
     ReplayJobItem,
     mark_died_again,
 )
-from recovery.models.sso import Grant, GroupMapping, SsoIdentity, log_refusal
 from recovery.models.store import (
     DIED_AGAIN,
     DISCARDABLE,
@@ -78,18 +88,6 @@ from recovery.models.store import (
     Status,
     attach_died_again,
     default_target_of,
-)
-from recovery.models.teams import (
-    Membership,
-    MembershipRemoval,
-    Scope,
-    Team,
-    TeamScope,
-    glob_to_regex,
-    has_role,
-    role_of,
-    scope_of,
-    team_scoped,
 )
 
 __all__ = [

@@ -111,7 +111,7 @@ class AlertRule(models.Model):
         may have changed since (``recovery.alerts.checks.run_check``)."""
         if self.team_id is None:
             return {}
-        from recovery.models.teams import Scope
+        from recovery.access.scope import Scope
 
         problems = {}
         if self.kind not in self.TEAM_KINDS:

@@ -11,8 +11,8 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
+from recovery.access.models import Activity
 from recovery.masking.engine import NO_MASKING, compile_rule, masker_of
-from recovery.models.access import Activity
 
 log = logging.getLogger(__name__)
 # What a rule that no longer compiles is replaced by: everything.
@@ -136,7 +136,7 @@ class MaskingRules:
 
     @classmethod
     def load(cls):
-        from recovery.models.teams import TeamScope
+        from recovery.access.teams import TeamScope
 
         global_rules, by_team = [], {}
         for rule in MaskRule.objects.all():

@@ -10,8 +10,8 @@ from django.db import models, transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
+from recovery.access.models import Activity
 from recovery.errors import StateError
-from recovery.models.access import Activity
 from recovery.models.store import Message
 
 log = logging.getLogger(__name__)

@@ -33,8 +33,8 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from recovery.access.models import Activity
 from recovery.models import archive
-from recovery.models.access import Activity
 from recovery.models.history import HistoryAction, MessageHistory
 from recovery.models.replay import ReplayJobItem
 from recovery.models.store import Message, Status

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 
+from recovery.access.teams import NOTHING
 from recovery.models import Activity, Message, Role, Scope, Status, TeamScope
-from recovery.models.teams import NOTHING
 from recovery.replay.options import parse_message_ids
 from recovery.search.filters import MessageFilterForm, apply_filters
 

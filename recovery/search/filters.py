@@ -8,8 +8,8 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.db.models.expressions import RawSQL
 
+from recovery.access.teams import NOTHING
 from recovery.models import Kind, Message, Privilege, Reason, Status
-from recovery.models.teams import NOTHING
 from recovery.search import index as search_index
 from recovery.search import masked as search_masked
 

@@ -17,10 +17,10 @@ import json
 
 from django.db.models import Q
 
+from recovery.access.teams import NOTHING
 from recovery.models import DecoderRule
 from recovery.models.decoders import readable
 from recovery.models.masking import MaskingRules
-from recovery.models.teams import NOTHING
 
 # Candidates (masked messages whose stored text holds the term) checked per search; a term
 # more common than this among masked messages is checked on the newest ones only.

@@ -97,8 +97,8 @@ def test_a_team_members_search_is_found_by_index_not_by_scanning_the_store(corpu
     """A team caller searches content only where they may read bodies: that condition must not
     wrap the search's IN in an OR, which PostgreSQL can only check row by row over the whole
     store (seconds at 10M messages, bench/ui.py)."""
+    from recovery.access.scope import Scope
     from recovery.models import Membership, Team, TeamScope
-    from recovery.models.teams import Scope
     from recovery.search.filters import apply_filters
 
     team = Team.objects.create(name="search team")

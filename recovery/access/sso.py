@@ -24,8 +24,8 @@ from django.core.exceptions import ValidationError
 from django.db import models, transaction
 from django.utils import timezone
 
-from recovery.models.access import ROLE_ORDER, Activity, ApiToken, Role, global_role_of
-from recovery.models.teams import Membership, MembershipRemoval, Team
+from recovery.access.models import ROLE_ORDER, Activity, ApiToken, Role, global_role_of
+from recovery.access.teams import Membership, MembershipRemoval, Team
 
 
 class GroupMapping(models.Model):
@@ -43,6 +43,7 @@ class GroupMapping(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
+        app_label = "recovery"
         ordering = ["group", "id"]
         constraints = [
             models.UniqueConstraint(
@@ -148,6 +149,7 @@ class SsoIdentity(models.Model):
     last_login_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        app_label = "recovery"
         constraints = [
             models.UniqueConstraint(fields=["issuer", "subject"], name="sso_identity_subject")
         ]
@@ -161,7 +163,7 @@ class SsoIdentity(models.Model):
         staff flags, and existing memberships' privileges, are left alone; the caller has taken
         the admin's removals out of ``grant``: Grant.without_removals). Logs a
         ``sso_roles_changed`` activity row when it changed anything. A user in any team has
-        only their team roles (recovery.models.teams), so a global viewer or operator role next
+        only their team roles (recovery.access.teams), so a global viewer or operator role next
         to a team is not given; global admin always is."""
         user = self.user
         before = _roles_summary(user)

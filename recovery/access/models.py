@@ -1,6 +1,9 @@
-"""Who may do what: roles, API tokens (hashed), idempotency keys, rate windows, activity."""
+"""Who may do what: roles, privileges, API tokens (hashed), and the activity log of what was done.
 
-import contextvars
+At the models floor: nothing here imports ``recovery.models`` (which imports this module to
+register its models); the store's models are named by label, ``"recovery.Message"``.
+"""
+
 import hashlib
 import secrets
 
@@ -78,18 +81,6 @@ def set_role(user, role):
     user.groups.add(next(g for g in groups if g.name == role.value))
 
 
-# The team an API token acts as, for the request being served (set by ``scope_of``, cleared
-# after each request by console.middleware.TeamScopeMiddleware): every activity row the
-# request writes records it, bulk-created ones too (a field default is read per instance).
-ACTING_TEAM: contextvars.ContextVar[int | None] = contextvars.ContextVar(
-    "lazarus_acting_team", default=None
-)
-
-
-def acting_team_id():
-    return ACTING_TEAM.get()
-
-
 class Activity(models.Model):
     """Who did what: every replay, edit, discard, job and role change."""
 
@@ -126,7 +117,6 @@ class Activity(models.Model):
         "recovery.Team",
         null=True,
         blank=True,
-        default=acting_team_id,
         on_delete=models.SET_NULL,
         db_constraint=False,
         related_name="+",
@@ -134,6 +124,7 @@ class Activity(models.Model):
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
 
     class Meta:
+        app_label = "recovery"
         ordering = ["-created_at", "-id"]
         verbose_name_plural = "activity"
         # The activity page filters by action (one row per replayed message: millions).
@@ -160,6 +151,9 @@ class ApiToken(models.Model):
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
 
+    class Meta:
+        app_label = "recovery"
+
     @classmethod
     def issue(cls, user, name="", team=None):
         if team is not None and not user.memberships.filter(team=team).exists():
@@ -184,45 +178,3 @@ class ApiToken(models.Model):
     def revoke(self):
         self.revoked_at = timezone.now()
         self.save(update_fields=["revoked_at"])
-
-
-class IdempotencyKey(models.Model):
-    """An API client's ``Idempotency-Key`` on a POST that sends messages (recovery.api).
-
-    The first request with a key claims the row (``status_code`` null while it runs); its response
-    is stored, and a retry with the same key, user and request gets that response back instead of
-    publishing again. Rows expire after ``IDEMPOTENCY_TTL_HOURS``.
-    """
-
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
-    key = models.CharField(max_length=255)
-    # SHA-256 of method, path and canonical JSON body: the same key on another request is an error.
-    request_hash = models.CharField(max_length=64)
-    method = models.CharField(max_length=8)
-    path = models.CharField(max_length=500)
-    status_code = models.IntegerField(null=True, blank=True)
-    response = models.JSONField(null=True, blank=True)
-    # Headers the retry must get back too (Location of a created job).
-    response_headers = models.JSONField(default=dict, blank=True)
-    created_at = models.DateTimeField(default=timezone.now)
-    expires_at = models.DateTimeField(db_index=True)
-
-    class Meta:
-        constraints = [models.UniqueConstraint(fields=["user", "key"], name="idempotency_user_key")]
-
-
-class ApiRateWindow(models.Model):
-    """Requests one API token made in one fixed window: the per-token rate limit's counter.
-
-    A row in PostgreSQL (atomic upsert) rather than a per-process cache, so the limit holds
-    across every web process and machine.
-    """
-
-    scope = models.CharField(max_length=64)  # "token:<id>" or "user:<id>" (session clients)
-    window_start = models.DateTimeField()
-    count = models.IntegerField(default=0)
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["scope", "window_start"], name="rate_window_unique")
-        ]
