@@ -9,6 +9,7 @@ from django.core.management import call_command
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
+from recovery.access.teams import validate_pattern
 from recovery.models import (
     ApiToken,
     Membership,
@@ -21,7 +22,6 @@ from recovery.models import (
     glob_to_regex,
     role_of,
 )
-from recovery.models.teams import validate_pattern
 from recovery.replay.jobs import create_job
 from recovery.replay.selection import job_queryset, scoped_job_queryset
 from tests.helpers import make_message, make_user
