@@ -10,8 +10,8 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from console.access import viewer_required
-from recovery.broker import tally
 from recovery.broker.health import broker_health
+from recovery.models import BrokerTally
 
 
 @login_required
@@ -23,7 +23,7 @@ def broker_page(request):
     context = {
         "health": health,
         "checked_at": datetime.datetime.fromtimestamp(health.checked_at, datetime.UTC),
-        "tally": tally.state(now),
-        "hours": tally.by_hour(now - datetime.timedelta(hours=24)),
+        "tally": BrokerTally.objects.state(now),
+        "hours": BrokerTally.objects.by_hour(now - datetime.timedelta(hours=24)),
     }
     return render(request, "broker/health.html", context)

@@ -16,7 +16,6 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from console.access import viewer_required
-from recovery.broker import tally
 from recovery.broker.coverage import (
     UNLIMITED,
     effective_delivery_limit,
@@ -31,6 +30,7 @@ from recovery.models import (
     OPEN,
     Activity,
     AlertRule,
+    BrokerTally,
     Kind,
     MessageCount,
     MessageTotal,
@@ -141,7 +141,7 @@ def what_changed(now, scope):
     )
     # Their summaries are the badges' tooltips: masked as the alert pages mask them.
     mask_for_display(alerts)
-    state = tally.state(now) if scope.is_global else None
+    state = BrokerTally.objects.state(now) if scope.is_global else None
     last15, capped15 = collected_since(now - datetime.timedelta(minutes=15), scope.messages())
     last60, capped60 = collected_since(now - datetime.timedelta(minutes=60), scope.messages())
     return {

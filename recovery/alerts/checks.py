@@ -26,7 +26,7 @@ and the scope fields each honours:
   not give (``*_unknown``): unknown, neither firing nor clearing.
 - broker_tally: ``threshold`` (0), ``window_minutes`` (15): over the window, the broker's own
   counters say it discarded (no DLX), dropped (unroutable) or dead-lettered more than Lazarus
-  stored or holds (recovery/broker/tally.py). No sample in the window, or one whose counters
+  stored or holds (recovery/models/broker.py). No sample in the window, or one whose counters
   could not be read, is an error (unknown), not ok. Broker-wide (the counters have no vhost).
 - retention_archive: the last retention run could not write its archive (RETENTION_ARCHIVE_DIR:
   a full disk, a directory it cannot create): it deleted nothing it could not archive and
@@ -41,7 +41,6 @@ from django.db.models import Exists, Min, OuterRef, Q, Sum
 
 from recovery.alerts.params import params_problems, vhost_problem
 from recovery.broker import health as broker_health
-from recovery.broker import tally
 from recovery.broker.coverage import uncovered
 from recovery.broker.management import Management
 from recovery.broker.topology import Names, declared_counts
@@ -49,6 +48,7 @@ from recovery.errors import ManagementError
 from recovery.models import (
     OPEN,
     AuditRun,
+    BrokerTally,
     CollectorHeartbeat,
     Message,
     MessageTotal,
@@ -315,7 +315,7 @@ def uncovered_queues(rule, now, management):
 def broker_tally(rule, now, management):
     threshold = rule.params.get("threshold", 0)
     minutes = rule.params.get("window_minutes", 15)
-    rows, sums = tally.window(minutes, now)
+    rows, sums = BrokerTally.objects.window(minutes, now)
     if not rows:
         raise TallyUnknown(
             f"no broker tally sample in {minutes} min: is beat running (record-broker-tally)?"

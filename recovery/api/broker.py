@@ -11,9 +11,8 @@ from rest_framework.decorators import api_view, permission_classes
 from rest_framework.response import Response
 
 from recovery.api.permissions import requires
-from recovery.broker import tally
 from recovery.broker.health import broker_health
-from recovery.models import Role
+from recovery.models import BrokerTally, Role
 
 
 class NodeSerializer(serializers.Serializer):
@@ -112,9 +111,9 @@ class BrokerSerializer(serializers.Serializer):
 @permission_classes([requires(Role.VIEWER)])
 def broker(request):
     health = broker_health()
-    state = tally.state()
+    state = BrokerTally.objects.state()
     newest = state["newest"]
-    hours = tally.by_hour(timezone.now() - datetime.timedelta(hours=24))
+    hours = BrokerTally.objects.by_hour(timezone.now() - datetime.timedelta(hours=24))
     return Response(
         {
             "health": health.as_dict(),

@@ -10,7 +10,8 @@ node's :15692/metrics):
   told of (no ``mandatory``, no alternate exchange) — gone; ``..._returned_total``: returned to
   a ``mandatory`` publisher (its client library's business, shown for information).
 
-Beat records a sample every BROKER_TALLY_SECONDS (``record``). Per interval:
+Beat records a sample every BROKER_TALLY_SECONDS (recovery/broker/tasks.py; the comparison with
+the store is ``BrokerTally.objects.record``, recovery/models/broker.py). Per interval:
 ``gap = dead_lettered - stored dead letters - change of the recovery queues' backlog``, so
 messages still waiting for the collector are not a gap, and a gap that stays is dead letters
 the broker sent somewhere Lazarus never got them (a DLX with no queue bound, a purge, a DLX
@@ -22,19 +23,13 @@ Counters that cannot be read make a sample with ``error`` and no figures: that i
 unknown, shown and alerted on as such, never as zero.
 """
 
-import datetime
 import urllib.request
 
 from django.conf import settings
-from django.db import connection
-from django.db.models import Count, Q, Sum
-from django.db.models.functions import TruncHour
-from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from recovery.broker.management import Management
 from recovery.broker.topology import Names, declared_counts
-from recovery.models.broker import BrokerTally
 
 PREFIX = "rabbitmq_global_messages_"
 REASONS = ("rejected", "expired", "maxlen", "delivery_limit")
@@ -164,35 +159,6 @@ def backlog(management=None) -> int:
     return waiting
 
 
-# A collector batch's rows carry the time its transaction began (now()) and become visible when
-# it commits, so "stored in (previous sample, this one]" by collected_at would miss a batch that
-# began before a sample and committed after it. Instead each sample counts, in one statement
-# (one snapshot), the rows visible since a bound SETTLE_S before the previous sample and since a
-# bound SETTLE_S before itself: what the next sample subtracts. A row is counted in the interval
-# in which it became visible, exactly once, as long as no batch stays open for SETTLE_S.
-SETTLE_S = 120
-
-_STORED_SQL = """
-SELECT kind, reason,
-       count(*) FILTER (WHERE collected_at > %(since_previous)s),
-       count(*) FILTER (WHERE collected_at > %(since_now)s)
-FROM recovery_message
-WHERE collected_at > least(%(since_previous)s, %(since_now)s)
-GROUP BY kind, reason
-"""
-
-
-def stored_counts(since_previous, since_now):
-    """({kind:reason: visible rows collected after since_previous}, {... after since_now})."""
-    with connection.cursor() as cur:
-        cur.execute(_STORED_SQL, {"since_previous": since_previous, "since_now": since_now})
-        rows = cur.fetchall()
-    return (
-        {f"{kind}:{reason}": n for kind, reason, n, _ in rows if n},
-        {f"{kind}:{reason}": n for kind, reason, _, n in rows if n},
-    )
-
-
 def compare(rose, stored):
     """{reason: {broker, discarded, stored}} for one interval: the broker's dead-letterings to a
     DLX (at most or at least once), its discards (no DLX), and the dead letters Lazarus stored
@@ -210,119 +176,3 @@ def compare(rose, stored):
     if other:
         by_reason["other"] = {"broker": 0, "discarded": 0, "stored": other}
     return by_reason
-
-
-def record(now=None, management=None) -> BrokerTally:
-    """Take one sample and compare it with the previous good one (beat, BROKER_TALLY_SECONDS)."""
-    now = now or timezone.now()
-    try:
-        counters = scrape()
-        waiting = backlog(management)
-    except Exception as exc:  # noqa: BLE001 - an unknown interval is recorded and shown
-        return BrokerTally.objects.create(taken_at=now, error=str(exc)[:2000])
-    previous = BrokerTally.objects.filter(error="", taken_at__lt=now).order_by("-taken_at").first()
-    settle = datetime.timedelta(seconds=SETTLE_S)
-    since_previous = (previous.taken_at if previous else now) - settle
-    visible, tally_base = stored_counts(since_previous, now - settle)
-    tally = BrokerTally(taken_at=now, counters=counters, backlog=waiting, stored_base=tally_base)
-    if previous is None:
-        tally.save()  # the baseline: nothing to compare yet
-        return tally
-    rose, tally.resets = deltas(previous.counters, counters)
-    # Rows that became visible since the previous sample, by (kind, reason).
-    stored = {}
-    for key, n in visible.items():
-        kind, _, reason = key.partition(":")
-        stored[(kind, reason)] = n - previous.stored_base.get(key, 0)
-    tally.by_reason = compare(rose, stored)
-    tally.interval_seconds = (now - previous.taken_at).total_seconds()
-    tally.dead_lettered = sum(r["broker"] for r in tally.by_reason.values())
-    tally.discarded = sum(r["discarded"] for r in tally.by_reason.values())
-    tally.unroutable_dropped = int(rose.get("unroutable_dropped", 0))
-    tally.unroutable_returned = int(rose.get("unroutable_returned", 0))
-    tally.stored_dead_letters = sum(r["stored"] for r in tally.by_reason.values())
-    tally.stored_unroutable = sum(n for (kind, _), n in stored.items() if kind == "unroutable")
-    tally.backlog_change = waiting - previous.backlog
-    tally.gap = tally.dead_lettered - tally.stored_dead_letters - tally.backlog_change
-    tally.save()
-    return tally
-
-
-FIGURES = (
-    "dead_lettered",
-    "stored_dead_letters",
-    "backlog_change",
-    "gap",
-    "discarded",
-    "unroutable_dropped",
-    "unroutable_returned",
-)
-
-
-def by_hour(since):
-    """Per hour since ``since``, newest first: the sums of the figures, the samples taken and
-    how many of them could not be read."""
-    return (
-        BrokerTally.objects.filter(taken_at__gte=since)
-        .annotate(hour=TruncHour("taken_at"))
-        .values("hour")
-        .annotate(
-            samples=Count("id"),
-            unreadable=Count("id", filter=~Q(error="")),
-            **{name: Sum(name) for name in FIGURES},
-        )
-        .order_by("-hour")
-    )
-
-
-def state(now=None):
-    """The tally as a whole: the newest sample, whether beat stopped sampling (stale), whether
-    the newest could not be read, and the last hour's sums."""
-    now = now or timezone.now()
-    newest = BrokerTally.objects.order_by("-taken_at").first()
-    stale_after = datetime.timedelta(seconds=3 * settings.BROKER_TALLY_SECONDS)
-    rows, hour = window(60, now)
-    return {
-        "newest": newest,
-        "stale": newest is None or now - newest.taken_at > stale_after,
-        "unreadable": bool(newest and newest.error),
-        "hour": hour,
-        "lost_hour": hour["discarded"] + hour["unroutable_dropped"],
-        "hour_by_reason": by_reason_since(rows),
-    }
-
-
-def by_reason_since(rows):
-    """The readable samples' by_reason summed: {reason: {broker, discarded, stored, unstored}},
-    ``unstored`` = dead-lettered by the broker and not stored (waiting in the recovery queues, or
-    gone); biggest first."""
-    sums = {}
-    for row in rows:
-        if row.error:
-            continue
-        for reason, counts in (row.by_reason or {}).items():
-            total = sums.setdefault(reason, {"broker": 0, "discarded": 0, "stored": 0})
-            for name in total:
-                total[name] += counts.get(name, 0)
-    for total in sums.values():
-        total["unstored"] = total["broker"] - total["stored"]
-    return dict(
-        sorted(sums.items(), key=lambda item: -(item[1]["unstored"] + item[1]["discarded"]))
-    )
-
-
-def window(minutes, now=None):
-    """The samples of the last ``minutes``, newest first, and the sums of the readable ones (with
-    ``unknown_intervals``: how many could not be read)."""
-    now = now or timezone.now()
-    rows = list(BrokerTally.objects.filter(taken_at__gt=now - datetime.timedelta(minutes=minutes)))
-    good = [r for r in rows if not r.error and r.gap is not None]
-    sums = {name: sum(getattr(r, name) for r in good) for name in FIGURES}
-    sums["unknown_intervals"] = sum(1 for r in rows if r.error)
-    return rows, sums
-
-
-def prune(keep_days=14):
-    """Samples older than ``keep_days`` go (one a minute is ~20k rows a fortnight)."""
-    cutoff = timezone.now() - datetime.timedelta(days=keep_days)
-    return BrokerTally.objects.filter(taken_at__lt=cutoff).delete()[0]

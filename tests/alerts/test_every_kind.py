@@ -20,8 +20,8 @@ from django.utils import timezone
 
 from recovery.alerts.deliver import deliver_due
 from recovery.alerts.engine import evaluate
-from recovery.broker import tally
 from recovery.broker.management import Management
+from recovery.broker.tasks import take_sample
 from recovery.broker.topology import Names, wire
 from recovery.models import (
     AlertRule,
@@ -129,16 +129,16 @@ def _clear_uncovered(ctx):
 def _fire_tally(ctx):
     ctx.channel.queue_delete("kinds.discarding")
     ctx.channel.queue_declare("kinds.discarding")  # no dead-letter exchange: a reject discards
-    tally.record()
+    take_sample()
     reject_all(ctx.channel, "kinds.discarding", 3)
-    sample = tally.record()
+    sample = take_sample()
     assert sample.discarded == 3, sample
 
 
 def _clear_tally(ctx):
     ctx.channel.queue_delete("kinds.discarding")
     # Time passes: the next beat sample counts nothing more, and the window has left the discard.
-    tally.record(now=ctx.resolve_at)
+    take_sample(now=ctx.resolve_at)
 
 
 def _fire_retention_archive(ctx):

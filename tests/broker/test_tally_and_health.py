@@ -17,6 +17,7 @@ from recovery.alerts.deliver import deliver_due
 from recovery.alerts.engine import evaluate
 from recovery.broker import tally
 from recovery.broker.management import Management
+from recovery.broker.tasks import take_sample
 from recovery.broker.topology import Names
 from recovery.models import AlertRule, Message
 from tests.alerts.test_alerts import Receiver, rule, webhook
@@ -137,7 +138,7 @@ def test_the_tally_matches_what_lazarus_stored_and_counts_what_the_broker_threw_
     hook = Receiver()
     broker_rule = rule("broker_tally", channels=[webhook(hook.url)])
     try:
-        baseline = tally.record()
+        baseline = take_sample()
         assert baseline.error == "" and baseline.gap is None  # a baseline compares nothing
 
         reject_all(amqp, "tally.kept", 40)
@@ -151,7 +152,7 @@ def test_the_tally_matches_what_lazarus_stored_and_counts_what_the_broker_threw_
         )
         # The management API's depths lag up to 5 s behind the queue.
         wait_for(lambda: management_depth(settings.RECOVERY_DEAD_LETTER_QUEUE) == 0, timeout=20)
-        sample = tally.record()
+        sample = take_sample()
 
         assert sample.error == ""
         assert (sample.dead_lettered, sample.stored_dead_letters, sample.gap) == (40, 40, 0)
@@ -189,16 +190,16 @@ def test_the_tally_matches_what_lazarus_stored_and_counts_what_the_broker_threw_
 def test_dead_letters_waiting_are_no_gap_and_a_purged_recovery_queue_is_one(amqp):
     names = settings.RECOVERY_DEAD_LETTER_QUEUE
     declare_app_queue(amqp, "tally.waiting")
-    tally.record()
+    take_sample()
     reject_all(amqp, "tally.waiting", 10)  # no collector running: they wait in its queue
     wait_for(lambda: management_depth(names) == 10, timeout=20)
 
-    waiting = tally.record()
+    waiting = take_sample()
     assert (waiting.dead_lettered, waiting.backlog_change, waiting.gap) == (10, 10, 0)
 
     amqp.queue_purge(names)  # what a careless operator (or a queue length limit) does
     wait_for(lambda: management_depth(names) == 0, timeout=20)
-    purged = tally.record()
+    purged = take_sample()
     assert (purged.dead_lettered, purged.backlog_change, purged.gap) == (0, -10, 10)
 
     broker_rule = rule("broker_tally")
@@ -218,7 +219,7 @@ def test_counters_that_cannot_be_read_are_unknown_not_zero(client, api, viewer, 
     assert "no broker tally sample" in broker_rule.last_error  # never sampled: not "ok"
 
     settings.RABBITMQ_PROMETHEUS_URLS = [f"http://127.0.0.1:{free_port()}/metrics"]
-    sample = tally.record()
+    sample = take_sample()
     assert sample.error and sample.gap is None and sample.discarded is None
     evaluate()
     broker_rule.refresh_from_db()
