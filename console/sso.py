@@ -457,12 +457,11 @@ def _link(user, claims, username, groups):
         )
     else:
         identity = SsoIdentity.objects.create(user=user, issuer=issuer, subject=subject)
-        Activity.objects.create(
-            user=user,
-            action="sso_linked",
-            via="console",
-            acting_team=None,
+        Activity.record(
+            user,
+            "sso_linked",
             detail={"username": user.username, "issuer": issuer, "subject": subject},
+            via="console",
         )
         log.info("sign-in: linked %r to %s at %s (verified email)", user.username, subject, issuer)
         return identity

@@ -57,19 +57,21 @@ def prepare_export(scope, user, filters, via):
             f"more than {limit} messages match (EXPORT_MAX_MESSAGES): narrow the filter"
         )
     readable = [pk for pk, *where in rows if scope.may(Privilege.BODIES, _Where(*where))]
-    Activity.objects.create(
-        user=user,
-        action="export",
-        via=via,
+    Activity.record(
+        user,
+        "export",
         detail={"filters": _jsonable(filters), "messages": len(rows), "bodies": len(readable)},
+        via=via,
+        team=scope.acting_team,
     )
-    Activity.objects.bulk_create(
-        Activity(
-            user=user,
-            action="body_view",
-            message_id=pk,
-            via=via,
+    Activity.record_many(
+        Activity.entry(
+            user,
+            "body_view",
             detail={"message": pk, "how": "export", "unmasked": False},
+            via=via,
+            message=pk,
+            team=scope.acting_team,
         )
         for pk in readable
     )

@@ -26,10 +26,6 @@ from recovery.models import (
 )
 
 
-def _log(request, action, **detail):
-    Activity.objects.create(user=request.user, action=action, via="console", detail=detail)
-
-
 @team_scoped
 @login_required
 @viewer_required
@@ -46,11 +42,11 @@ def alert_list(request):
         if form.is_valid():
             with transaction.atomic():
                 saved = form.save()
-                _log(
-                    request,
+                Activity.record(
+                    request.user,
                     f"{'alert_rule' if form is rule_form else 'channel'}_created",
-                    id=saved.pk,
-                    name=saved.name,
+                    detail={"id": saved.pk, "name": saved.name},
+                    via="console",
                 )
             flash.success(request, f"Created {saved.name}.")
             if form is channel_form and saved.kind == NotificationChannel.Kind.WEBHOOK:
@@ -106,7 +102,12 @@ def alert_detail(request, pk):
             _forbidden()
         if form.is_valid():
             form.save()
-            _log(request, "alert_rule_changed", id=rule.pk, name=rule.name)
+            Activity.record(
+                request.user,
+                "alert_rule_changed",
+                detail={"id": rule.pk, "name": rule.name},
+                via="console",
+            )
             flash.success(request, "Saved.")
             return redirect("alert", pk=rule.pk)
     transitions = list(rule.transitions.select_related("rule")[:100])
@@ -137,7 +138,12 @@ def alert_mute(request, pk):
         minutes = form.cleaned_data["minutes"]
         rule.muted_until = timezone.now() + datetime.timedelta(minutes=minutes) if minutes else None
         rule.save(update_fields=["muted_until"])
-        _log(request, "alert_rule_muted", id=rule.pk, name=rule.name, minutes=minutes)
+        Activity.record(
+            request.user,
+            "alert_rule_muted",
+            detail={"id": rule.pk, "name": rule.name, "minutes": minutes},
+            via="console",
+        )
         flash.success(request, f"Muted for {minutes} min." if minutes else "Unmuted.")
     else:
         flash.error(request, "Mute: " + "; ".join(e for es in form.errors.values() for e in es))
@@ -149,7 +155,9 @@ def alert_mute(request, pk):
 @require_POST
 def alert_delete(request, pk):
     rule = get_object_or_404(AlertRule, pk=pk)
-    _log(request, "alert_rule_deleted", id=rule.pk, name=rule.name)
+    Activity.record(
+        request.user, "alert_rule_deleted", detail={"id": rule.pk, "name": rule.name}, via="console"
+    )
     rule.delete()
     flash.success(request, f"Deleted {rule.name}.")
     return redirect("alerts")
@@ -161,7 +169,12 @@ def alert_delete(request, pk):
 def channel_test(request, pk):
     channel = get_object_or_404(NotificationChannel, pk=pk)
     notification = send_test(channel, request.user)
-    _log(request, "channel_tested", id=channel.pk, name=channel.name, status=notification.status)
+    Activity.record(
+        request.user,
+        "channel_tested",
+        detail={"id": channel.pk, "name": channel.name, "status": notification.status},
+        via="console",
+    )
     if notification.status == notification.Status.DELIVERED:
         flash.success(request, f"Test notification delivered to {channel.name}.")
     else:
@@ -179,7 +192,12 @@ def channel_test(request, pk):
 def channel_rotate_secret(request, pk):
     channel = get_object_or_404(NotificationChannel, pk=pk)
     channel.rotate_secret()
-    _log(request, "channel_secret_rotated", id=channel.pk, name=channel.name)
+    Activity.record(
+        request.user,
+        "channel_secret_rotated",
+        detail={"id": channel.pk, "name": channel.name},
+        via="console",
+    )
     _show_secret_once(request, channel)
     flash.success(request, f"New secret for {channel.name}: receivers must use it from now on.")
     return redirect("alerts")
@@ -193,7 +211,12 @@ def channel_set_enabled(request, pk, enabled):
     channel.enabled = enabled
     channel.save(update_fields=["enabled"])
     verb = "enabled" if enabled else "disabled"
-    _log(request, f"channel_{verb}", id=channel.pk, name=channel.name)
+    Activity.record(
+        request.user,
+        f"channel_{verb}",
+        detail={"id": channel.pk, "name": channel.name},
+        via="console",
+    )
     flash.success(request, f"{channel.name} {verb}.")
     return redirect("alerts")
 
@@ -203,7 +226,12 @@ def channel_set_enabled(request, pk, enabled):
 @require_POST
 def channel_delete(request, pk):
     channel = get_object_or_404(NotificationChannel, pk=pk)
-    _log(request, "channel_deleted", id=channel.pk, name=channel.name)
+    Activity.record(
+        request.user,
+        "channel_deleted",
+        detail={"id": channel.pk, "name": channel.name},
+        via="console",
+    )
     channel.delete()
     flash.success(request, f"Deleted {channel.name}.")
     return redirect("alerts")

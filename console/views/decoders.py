@@ -11,15 +11,6 @@ from console.forms.decoders import DecoderRuleForm
 from recovery.models import Activity, DecoderRule
 
 
-def _log(request, action, rule):
-    Activity.objects.create(
-        user=request.user,
-        action=action,
-        via="console",
-        detail=rule.activity_detail(),
-    )
-
-
 @login_required
 @admin_required
 @require_http_methods(["GET", "POST"])
@@ -30,7 +21,7 @@ def decoder_list(request):
             rule = form.save(commit=False)
             rule.created_by = request.user
             rule.save()
-            _log(request, "decoder_rule_created", rule)
+            Activity.record(request.user, "decoder_rule_created", rule, via="console")
         flash.success(
             request,
             f"Decoder rule {rule.name} saved. Messages indexed before it keep their search text "
@@ -51,7 +42,7 @@ def decoder_list(request):
 def decoder_delete(request, pk):
     rule = get_object_or_404(DecoderRule, pk=pk)
     with transaction.atomic():
-        _log(request, "decoder_rule_deleted", rule)
+        Activity.record(request.user, "decoder_rule_deleted", rule, via="console")
         rule.delete()
     flash.success(request, f"Decoder rule {rule.name} deleted.")
     return redirect("decoders")

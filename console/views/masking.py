@@ -14,15 +14,6 @@ from recovery.masking.trial import sample_matches
 from recovery.models import Activity, MaskRule
 
 
-def _log(request, action, rule):
-    Activity.objects.create(
-        user=request.user,
-        action=action,
-        via="console",
-        detail=rule.activity_detail(),
-    )
-
-
 @login_required
 @admin_required
 @require_http_methods(["GET", "POST"])
@@ -33,7 +24,7 @@ def masking_list(request):
             rule = form.save(commit=False)
             rule.created_by = request.user
             rule.save()
-            _log(request, "mask_rule_created", rule)
+            Activity.record(request.user, "mask_rule_created", rule, via="console")
         flash.success(request, f"Masking rule saved: {rule}.")
         return redirect("masking")
     rules = list(MaskRule.objects.select_related("team", "created_by"))
@@ -55,7 +46,7 @@ def masking_list(request):
 def masking_delete(request, pk):
     rule = get_object_or_404(MaskRule.objects.select_related("team"), pk=pk)
     with transaction.atomic():
-        _log(request, "mask_rule_deleted", rule)
+        Activity.record(request.user, "mask_rule_deleted", rule, via="console")
         rule.delete()
     flash.success(request, f"Masking rule deleted: {rule}.")
     return redirect("masking")

@@ -84,10 +84,9 @@ def quarantine_act(request):
     except (pika.exceptions.AMQPError, OSError) as exc:
         flash.error(request, f"Nothing done, the broker said: {type(exc).__name__}: {exc}")
     else:
-        Activity.objects.create(
-            user=request.user,
-            action=f"quarantine_{name}",
-            via="console",
+        Activity.record(
+            request.user,
+            f"quarantine_{name}",
             detail={
                 "vhost": vhost,
                 "key": key,
@@ -96,6 +95,7 @@ def quarantine_act(request):
                 "size": item.size,
                 "message_id": item.properties.get("message_id", ""),
             },
+            via="console",
         )
         done = (
             f"sent back to {item.source}: the collector takes it again"

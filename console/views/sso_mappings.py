@@ -32,15 +32,6 @@ class GroupMappingForm(forms.ModelForm):
         }
 
 
-def _log(request, action, mapping):
-    Activity.objects.create(
-        user=request.user,
-        action=action,
-        via="console",
-        detail=mapping.activity_detail(),
-    )
-
-
 @login_required
 @admin_required
 @require_http_methods(["GET", "POST"])
@@ -48,7 +39,7 @@ def mapping_list(request):
     form = GroupMappingForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         mapping = form.save()
-        _log(request, "sso_mapping_created", mapping)
+        Activity.record(request.user, "sso_mapping_created", mapping, via="console")
         flash.success(request, f"Mapped {mapping}. It applies at each user's next sign-in.")
         return redirect("sso-mappings")
     context = {
@@ -73,7 +64,7 @@ def mapping_list(request):
 @require_POST
 def mapping_delete(request, pk):
     mapping = get_object_or_404(GroupMapping, pk=pk)
-    _log(request, "sso_mapping_deleted", mapping)
+    Activity.record(request.user, "sso_mapping_deleted", mapping, via="console")
     mapping.delete()
     flash.success(request, f"Removed {mapping}. It applies at each user's next sign-in.")
     return redirect("sso-mappings")

@@ -46,12 +46,6 @@ class MembershipForm(forms.ModelForm):
 FORMS = {"team": TeamForm, "scope": TeamScopeForm, "member": MembershipForm}
 
 
-def _log(request, action, obj):
-    Activity.objects.create(
-        user=request.user, action=action, via="console", detail={"what": str(obj), "id": obj.pk}
-    )
-
-
 @login_required
 @admin_required
 @require_http_methods(["GET", "POST"])
@@ -62,7 +56,12 @@ def team_list(request):
         bound[kind] = FORMS[kind](request.POST, prefix=kind)
         if bound[kind].is_valid():
             saved = bound[kind].save()
-            _log(request, f"{'team' if kind == 'team' else 'team_' + kind}_created", saved)
+            Activity.record(
+                request.user,
+                f"{'team' if kind == 'team' else 'team_' + kind}_created",
+                saved,
+                via="console",
+            )
             flash.success(request, f"Saved {saved}.")
             return redirect("teams")
     teams = Team.objects.prefetch_related("scopes", "memberships__user")
@@ -79,7 +78,9 @@ def team_delete(request, what, pk):
     if what not in DELETABLE:
         raise Http404(what)
     obj = get_object_or_404(DELETABLE[what], pk=pk)
-    _log(request, f"{'team' if what == 'team' else 'team_' + what}_deleted", obj)
+    Activity.record(
+        request.user, f"{'team' if what == 'team' else 'team_' + what}_deleted", obj, via="console"
+    )
     obj.delete()
     flash.success(request, f"Removed {obj}.")
     return redirect("teams")

@@ -57,15 +57,6 @@ def _users():
     ]
 
 
-def _log(request, action, target, **detail):
-    Activity.objects.create(
-        user=request.user,
-        action=action,
-        via="console",
-        detail={"username": target.get_username(), **detail},
-    )
-
-
 @login_required
 @admin_required
 @require_http_methods(["GET", "POST"])
@@ -76,7 +67,12 @@ def user_list(request):
         with transaction.atomic():
             user = get_user_model().objects.create_user(data["username"], password=data["password"])
             set_role(user, data["role"])
-            _log(request, "user_created", user, role=data["role"])
+            Activity.record(
+                request.user,
+                "user_created",
+                detail={"username": user.get_username(), "role": data["role"]},
+                via="console",
+            )
         flash.success(request, f"Created {user.get_username()} ({data['role']}).")
         return redirect("users")
     return render(
@@ -122,7 +118,12 @@ def user_role(request, pk):
     previous = role_of(user)
     with transaction.atomic():
         set_role(user, role)
-        _log(request, "role_changed", user, role=role, previous=previous)
+        Activity.record(
+            request.user,
+            "role_changed",
+            detail={"username": user.get_username(), "role": role, "previous": previous},
+            via="console",
+        )
     flash.success(request, f"{user.get_username()} is now {role}.")
     return redirect("users")
 
@@ -140,7 +141,12 @@ def user_privileges(request, pk):
     previous = _privileges(user)
     with transaction.atomic():
         set_privileges(user, **wanted)
-        _log(request, "privileges_changed", user, privileges=wanted, previous=previous)
+        Activity.record(
+            request.user,
+            "privileges_changed",
+            detail={"username": user.get_username(), "privileges": wanted, "previous": previous},
+            via="console",
+        )
     flash.success(request, f"{user.get_username()}'s privileges saved.")
     return redirect("users")
 
@@ -169,7 +175,12 @@ def user_active(request, pk):
                 revoked_at=timezone.now()
             )
         detail = {} if active else {"tokens_revoked": revoked}
-        _log(request, "user_activated" if active else "user_deactivated", user, **detail)
+        Activity.record(
+            request.user,
+            "user_activated" if active else "user_deactivated",
+            detail={"username": user.get_username(), **detail},
+            via="console",
+        )
     verb = "reactivated" if active else f"deactivated; {revoked} API token(s) revoked"
     flash.success(request, f"{user.get_username()} {verb}.")
     return redirect("users")
@@ -190,11 +201,11 @@ def user_unlock(request):
         flash.error(request, "Give a username or a client address to unlock.")
         return redirect("users")
     cleared = reset(username=username or None, ip=address or None)
-    Activity.objects.create(
-        user=request.user,
-        action="login_unlocked",
-        via="console",
+    Activity.record(
+        request.user,
+        "login_unlocked",
         detail={"username": username, "ip_address": address, "attempts_cleared": cleared},
+        via="console",
     )
     flash.success(request, f"Unlocked {' at '.join(x for x in (username, address) if x)}.")
     return redirect("users")

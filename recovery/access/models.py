@@ -81,6 +81,16 @@ def set_role(user, role):
     user.groups.add(next(g for g in groups if g.name == role.value))
 
 
+def describe(target):
+    """What an activity row keeps of the object an action changed: its own ``activity_detail()``
+    when it has one (a rule's pattern and team), else its name and id; nothing without one."""
+    if target is None:
+        return {}
+    if hasattr(target, "activity_detail"):
+        return target.activity_detail()
+    return {"what": str(target), "id": target.pk}
+
+
 class Activity(models.Model):
     """Who did what: every replay, edit, discard, job and role change."""
 
@@ -122,6 +132,49 @@ class Activity(models.Model):
         related_name="+",
     )
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    @classmethod
+    def entry(
+        cls,
+        user,
+        action,
+        target=None,
+        detail=None,
+        *,
+        via,
+        team=None,
+        message=None,
+        job=None,
+        at=None,
+    ):
+        """An unsaved row, for ``record_many``; see ``record``."""
+        return cls(
+            user=user,
+            action=action,
+            via=via,
+            message_id=getattr(message, "pk", message),
+            job_id=getattr(job, "pk", job),
+            acting_team_id=getattr(team, "pk", team),
+            detail={**describe(target), **(detail or {})},
+            created_at=at or timezone.now(),
+        )
+
+    @classmethod
+    def record(cls, user, action, target=None, detail=None, **fields):
+        """The one way to log an action. ``user`` did ``action`` (None: the system) ``via``
+        console, api or system; ``team`` is the team the API token acts as (the caller's
+        ``Scope.acting_team``; None: as its user), told by the caller because a model reads no
+        request. ``message``, ``job``: what it was done to (instances or ids); ``at``: when
+        (now). The detail is one shape: what ``target`` (a changed rule, team, user...) says of
+        itself (``describe``), then ``detail``'s keys."""
+        row = cls.entry(user, action, target, detail, **fields)
+        row.save()
+        return row
+
+    @classmethod
+    def record_many(cls, rows):
+        """Rows from ``entry`` in one INSERT (a bulk action logs one row per message)."""
+        return cls.objects.bulk_create(rows)
 
     class Meta:
         app_label = "recovery"

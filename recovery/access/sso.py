@@ -184,12 +184,11 @@ class SsoIdentity(models.Model):
             user.groups.add(next(g for g in role_groups if g.name == grant.role.value))
         after = _roles_summary(user)
         if after != before:
-            Activity.objects.create(
-                user=user,
-                action="sso_roles_changed",
-                via="system",
-                acting_team=None,
+            Activity.record(
+                user,
+                "sso_roles_changed",
                 detail={"before": before, "after": after, "groups": grant.groups},
+                via="system",
             )
         return after
 
@@ -209,11 +208,9 @@ class SsoIdentity(models.Model):
 def log_refusal(username, reason, *, user=None, groups=None, revoked_tokens=0, **extra):
     """A refused sign-in in the activity log (the console's activity page, action
     ``login_refused``); ``extra`` (the provider account's subject, ...) is kept in the detail."""
-    Activity.objects.create(
-        user=user,
-        action="login_refused",
-        via="console",
-        acting_team=None,
+    Activity.record(
+        user,
+        "login_refused",
         detail={
             "username": username,
             "reason": reason,
@@ -221,4 +218,5 @@ def log_refusal(username, reason, *, user=None, groups=None, revoked_tokens=0, *
             "revoked_tokens": revoked_tokens,
             **extra,
         },
+        via="console",
     )

@@ -291,15 +291,6 @@ class AdminWrites(RolePermission):
         return super().has_permission(request, view)
 
 
-def _log(request, action, obj, **detail):
-    Activity.objects.create(
-        user=request.user,
-        action=action,
-        via="api",
-        detail={"id": obj.pk, "name": obj.name, **detail},
-    )
-
-
 @extend_schema(summary="Alert rules and their state (admins create)")
 class AlertRuleList(generics.ListCreateAPIView):
     serializer_class = AlertRuleSerializer
@@ -311,7 +302,14 @@ class AlertRuleList(generics.ListCreateAPIView):
         return scope_of(self.request).owned(AlertRule.objects.prefetch_related("channels"))
 
     def perform_create(self, serializer):
-        _log(self.request, "alert_rule_created", serializer.save())
+        rule = serializer.save()
+        Activity.record(
+            self.request.user,
+            "alert_rule_created",
+            detail={"id": rule.pk, "name": rule.name},
+            via="api",
+            team=scope_of(self.request).acting_team,
+        )
 
 
 @extend_schema_view(
@@ -331,10 +329,23 @@ class AlertRuleDetail(generics.RetrieveUpdateDestroyAPIView):
 
     def perform_update(self, serializer):
         changed = sorted(set(self.request.data) & set(serializer.validated_data))
-        _log(self.request, "alert_rule_changed", serializer.save(), fields=changed)
+        rule = serializer.save()
+        Activity.record(
+            self.request.user,
+            "alert_rule_changed",
+            detail={"id": rule.pk, "name": rule.name, "fields": changed},
+            via="api",
+            team=scope_of(self.request).acting_team,
+        )
 
     def perform_destroy(self, rule):
-        _log(self.request, "alert_rule_deleted", rule)
+        Activity.record(
+            self.request.user,
+            "alert_rule_deleted",
+            detail={"id": rule.pk, "name": rule.name},
+            via="api",
+            team=scope_of(self.request).acting_team,
+        )
         rule.delete()
 
 
@@ -357,7 +368,13 @@ def mute_rule(request, pk):
     minutes = body.validated_data["minutes"]
     rule.muted_until = timezone.now() + datetime.timedelta(minutes=minutes)
     rule.save(update_fields=["muted_until"])
-    _log(request, "alert_rule_muted", rule, minutes=minutes)
+    Activity.record(
+        request.user,
+        "alert_rule_muted",
+        detail={"id": rule.pk, "name": rule.name, "minutes": minutes},
+        via="api",
+        team=scope_of(request).acting_team,
+    )
     return Response(AlertRuleSerializer(rule, context={"request": request}).data)
 
 
@@ -368,7 +385,13 @@ def unmute_rule(request, pk):
     rule = get_object_or_404(AlertRule, pk=pk)
     rule.muted_until = None
     rule.save(update_fields=["muted_until"])
-    _log(request, "alert_rule_muted", rule, minutes=0)
+    Activity.record(
+        request.user,
+        "alert_rule_muted",
+        detail={"id": rule.pk, "name": rule.name, "minutes": 0},
+        via="api",
+        team=scope_of(request).acting_team,
+    )
     return Response(AlertRuleSerializer(rule, context={"request": request}).data)
 
 
@@ -393,7 +416,13 @@ class ChannelList(generics.ListCreateAPIView):
         body = ChannelWriteSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         channel = body.save()
-        _log(request, "channel_created", channel)
+        Activity.record(
+            request.user,
+            "channel_created",
+            detail={"id": channel.pk, "name": channel.name},
+            via="api",
+            team=scope_of(request).acting_team,
+        )
         answer = ChannelWithSecretSerializer(channel, context={"request": request})
         return Response(answer.data, status=201)
 
@@ -422,11 +451,23 @@ class ChannelDetail(generics.RetrieveUpdateDestroyAPIView):
         body.is_valid(raise_exception=True)
         changed = sorted(set(body.validated_data))
         body.save()
-        _log(request, "channel_changed", channel, fields=changed)
+        Activity.record(
+            request.user,
+            "channel_changed",
+            detail={"id": channel.pk, "name": channel.name, "fields": changed},
+            via="api",
+            team=scope_of(request).acting_team,
+        )
         return Response(ChannelSerializer(channel, context={"request": request}).data)
 
     def perform_destroy(self, channel):
-        _log(self.request, "channel_deleted", channel)
+        Activity.record(
+            self.request.user,
+            "channel_deleted",
+            detail={"id": channel.pk, "name": channel.name},
+            via="api",
+            team=scope_of(self.request).acting_team,
+        )
         channel.delete()
 
 
@@ -441,7 +482,13 @@ class ChannelDetail(generics.RetrieveUpdateDestroyAPIView):
 def rotate_channel_secret(request, pk):
     channel = get_object_or_404(NotificationChannel, pk=pk)
     channel.rotate_secret()
-    _log(request, "channel_secret_rotated", channel)
+    Activity.record(
+        request.user,
+        "channel_secret_rotated",
+        detail={"id": channel.pk, "name": channel.name},
+        via="api",
+        team=scope_of(request).acting_team,
+    )
     return Response(ChannelWithSecretSerializer(channel, context={"request": request}).data)
 
 

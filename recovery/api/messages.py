@@ -92,7 +92,14 @@ class MessageDetail(generics.RetrieveAPIView):
         context = {**self.get_serializer_context(), "view": view}
         data = self.get_serializer_class()(message, context=context).data
         if view.bodies:
-            log_body_view(request.user, message.pk, "api", "api_detail", not view.masked)
+            log_body_view(
+                request.user,
+                message.pk,
+                "api",
+                "api_detail",
+                not view.masked,
+                team=scope_of(request).acting_team,
+            )
         return Response(data)
 
 
@@ -156,7 +163,9 @@ def body(request, pk):
     if not view.bodies:
         raise PermissionDenied("metadata only: the caller may not read bodies")
     how = "api_body_decoded" if params["decoded"] else "api_body"
-    log_body_view(request.user, message.pk, "api", how, not view.masked)
+    log_body_view(
+        request.user, message.pk, "api", how, not view.masked, team=scope_of(request).acting_team
+    )
     if not params["decoded"]:
         stored = readable(message) if view.masked else None
         response = HttpResponse(
@@ -278,7 +287,11 @@ def discard(request, pk):
     body.is_valid(raise_exception=True)
     try:
         message = discard_message(
-            message, request.user, via="api", reason=body.validated_data.get("reason", "")
+            message,
+            request.user,
+            via="api",
+            reason=body.validated_data.get("reason", ""),
+            team=scope_of(request).acting_team,
         )
     except StateError as exc:
         return problem_response(409, exc, "conflict", request)
@@ -373,7 +386,9 @@ def restore_by_filter(request):
 def restore(request, pk):
     message = get_object_or_404(scope_of(request).messages(minimum=Role.OPERATOR), pk=pk)
     try:
-        message = restore_message(message, request.user, via="api")
+        message = restore_message(
+            message, request.user, via="api", team=scope_of(request).acting_team
+        )
     except StateError as exc:
         return problem_response(409, exc, "conflict", request)
     return Response(MessageSerializer(message).data)
@@ -434,7 +449,13 @@ def unmask(request, pk):
     body = UnmaskRequestSerializer(data=request.data)
     body.is_valid(raise_exception=True)
     try:
-        granted = Unmask.grant(request.user, message, body.validated_data["reason"], via="api")
+        granted = Unmask.grant(
+            request.user,
+            message,
+            body.validated_data["reason"],
+            via="api",
+            team=scope_of(request).acting_team,
+        )
     except DjangoValidationError as exc:
         raise as_request_fields(exc) from None
     return Response(

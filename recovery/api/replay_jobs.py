@@ -347,9 +347,9 @@ def _transition(request, pk, method):
     job = get_object_or_404(scope_of(request).jobs(ReplayJob.objects.all(), Role.OPERATOR), pk=pk)
     try:
         if method == "resume":  # looks at the creator's rights again
-            jobs.resume_job(job, request.user, via="api")
+            jobs.resume_job(job, request.user, via="api", team=scope_of(request).acting_team)
         else:
-            getattr(job, method)(request.user, via="api")
+            getattr(job, method)(request.user, via="api", team=scope_of(request).acting_team)
     except StateError as exc:
         return problem_response(409, exc, "conflict", request)
     job = ReplayJob.objects.select_related("created_by").get(pk=pk)

@@ -88,37 +88,27 @@ class ByIdCursorPagination(StrictCursorPagination):
 
 class Logged:
     """An admin resource whose every change is an activity row, ``<noun>_created``,
-    ``_changed`` or ``_deleted`` (the console's action names for the same change).
-    ``detail(obj)`` is what the row keeps (the model's ``activity_detail()`` where the console
-    logs the same change); ``records_creator`` saves the caller as the object's ``created_by``."""
+    ``_changed`` or ``_deleted`` (the console's action names for the same change), written by
+    ``Activity.record`` with the object as its target, so the row keeps what the console's row
+    of the same change keeps; ``records_creator`` saves the caller as the object's
+    ``created_by``."""
 
     permission_classes = [AdminOnly]
     pagination_class = ByIdCursorPagination
     noun = ""
     records_creator = False
 
-    def detail(self, obj):
-        if hasattr(obj, "activity_detail"):
-            return obj.activity_detail()
-        return {self.noun: str(obj), "id": obj.pk}
-
-    def _log(self, verb, obj):
-        Activity.objects.create(
-            user=self.request.user,
-            action=f"{self.noun}_{verb}",
-            via="api",
-            detail=self.detail(obj),
-        )
-
     def perform_create(self, serializer):
         extra = {"created_by": self.request.user} if self.records_creator else {}
-        self._log("created", serializer.save(**extra))
+        created = serializer.save(**extra)
+        Activity.record(self.request.user, f"{self.noun}_created", created, via="api")
 
     def perform_update(self, serializer):
-        self._log("changed", serializer.save())
+        changed = serializer.save()
+        Activity.record(self.request.user, f"{self.noun}_changed", changed, via="api")
 
     def perform_destroy(self, instance):
-        self._log("deleted", instance)
+        Activity.record(self.request.user, f"{self.noun}_deleted", instance, via="api")
         instance.delete()
 
 

@@ -110,11 +110,11 @@ def revoke_token(request, pk):
     token = get_object_or_404(ApiToken.objects.select_related("user"), pk=pk)
     if token.revoked_at is None:
         token.revoke()
-        Activity.objects.create(
-            user=request.user,
-            action="token_revoked",
-            via="api",
+        Activity.record(
+            request.user,
+            "token_revoked",
             detail={"token": token.prefix, "owner": token.user.get_username()},
+            via="api",
         )
     return Response(TokenSerializer(token).data)
 

@@ -103,28 +103,30 @@ def _changes_body(masker, message, body):
     return (shown.value, shown.text, shown.data) != (decoded.value, decoded.text, decoded.data)
 
 
-def log_body_view(user, message_id, via, how, unmasked=False):
+def log_body_view(user, message_id, via, how, unmasked=False, team=None):
     """A body was shown (console detail, download, API body or detail, export): who, which,
     when, how; the activity log's ``body_view`` rows."""
-    Activity.objects.create(
-        user=user,
-        action="body_view",
-        message_id=message_id,
-        via=via,
+    Activity.record(
+        user,
+        "body_view",
         detail={"message": message_id, "how": how, "unmasked": unmasked},
+        via=via,
+        message=message_id,
+        team=team,
     )
 
 
-def log_body_views(user, shown, how, via="console"):
+def log_body_views(user, shown, how, via="console", team=None):
     """``log_body_view`` for many bodies at once, one statement (a group page's previews):
     ``shown`` maps each message id to whether it was shown unmasked."""
-    Activity.objects.bulk_create(
-        Activity(
-            user=user,
-            action="body_view",
-            message_id=pk,
-            via=via,
+    Activity.record_many(
+        Activity.entry(
+            user,
+            "body_view",
             detail={"message": pk, "how": how, "unmasked": unmasked},
+            via=via,
+            message=pk,
+            team=team,
         )
         for pk, unmasked in shown.items()
     )

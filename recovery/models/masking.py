@@ -85,7 +85,7 @@ class Unmask(models.Model):
         indexes = [models.Index(fields=["user", "message", "-expires_at"], name="unmask_active")]
 
     @classmethod
-    def grant(cls, user, message, reason, via="console", now=None):
+    def grant(cls, user, message, reason, via="console", now=None, team=None):
         reason = (reason or "").strip()
         if not reason:
             raise ValidationError({"reason": "say why you need the unmasked content"})
@@ -97,17 +97,18 @@ class Unmask(models.Model):
             created_at=now,
             expires_at=now + datetime.timedelta(seconds=settings.UNMASK_SECONDS),
         )
-        Activity.objects.create(
-            user=user,
-            action="unmask",
-            message=message,
-            via=via,
+        Activity.record(
+            user,
+            "unmask",
             detail={
                 "message": message.pk,
                 "reason": unmask.reason,
                 "until": unmask.expires_at.isoformat(),
             },
-            created_at=now,
+            via=via,
+            message=message,
+            team=team,
+            at=now,
         )
         return unmask
 

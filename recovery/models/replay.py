@@ -289,7 +289,7 @@ class ReplayJob(models.Model):
             )
         return attempts
 
-    def cancel(self, user, via="console"):
+    def cancel(self, user, via="console", team=None):
         """Stop the job for good. Messages not yet sent stay as they are (pending).
 
         Raises StateError if it already ended. A running job stops within a second: what is in
@@ -308,12 +308,12 @@ class ReplayJob(models.Model):
                     f"job #{self.pk} is {state}; "
                     "only queued, running or paused jobs can be cancelled"
                 )
-            Activity.objects.create(user=user, action="job_cancelled", job_id=self.pk, via=via)
+            Activity.record(user, "job_cancelled", via=via, job=self.pk, team=team)
         ReplayJob.release_orphaned_claims(self.pk)
         self.refresh_from_db()
         return self
 
-    def resume(self, user, via="console"):
+    def resume(self, user, via="console", team=None):
         """Continue a paused job (canary or circuit breaker pause, or a manual pause).
 
         Resuming after a canary pause counts as the operator accepting the canary; after a
@@ -343,12 +343,13 @@ class ReplayJob(models.Model):
                     "canary_passed_at",
                 ]
             )
-            Activity.objects.create(
-                user=user,
-                action="job_resumed",
-                job=locked,
-                via=via,
+            Activity.record(
+                user,
+                "job_resumed",
                 detail={"accepted_canary": accepted_canary},
+                via=via,
+                job=locked,
+                team=team,
             )
             transaction.on_commit(locked.enqueue)
         self.refresh_from_db()

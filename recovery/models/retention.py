@@ -86,7 +86,7 @@ def apply_retention(days=None, now=None, batch=BATCH, duty=None, budget_seconds=
         "archive_error" in result or last_archive_failure() is not None
     ):
         log.info("retention: deleted %s messages changed before %s", result["messages"], cutoff)
-        Activity.objects.create(action="retention", via="system", detail=result)
+        Activity.record(None, "retention", detail=result, via="system")
     return result
 
 

@@ -44,13 +44,14 @@ def _locked(message, statuses):
     return row
 
 
-def discard_message(message, user, via="console", reason=""):
+def discard_message(message, user, via="console", reason="", team=None):
     """Soft-discard a pending, poisoned or replayed message; ``restore_message`` undoes it.
 
     Discarded messages are never replayed (not even by a job that selected them earlier) and
     retention deletes them after RETENTION_DAYS. Raises StateError (a ValidationError and a
     ReplayError) if the message is replaying, already discarded, or held by a running job.
-    Returns the updated Message. Logged as ``discard`` with the reason.
+    Returns the updated Message. Logged as ``discard`` with the reason (``team``: the team the
+    caller's API token acts as, Scope.acting_team).
     """
     reason = (reason or "").strip()[:1000]
     with transaction.atomic():
@@ -63,12 +64,13 @@ def discard_message(message, user, via="console", reason=""):
             status_reason=reason,
             updated_at=now,
         )
-        Activity.objects.create(
-            user=user,
-            action="discard",
-            message=row,
-            via=via,
+        Activity.record(
+            user,
+            "discard",
             detail={"reason": reason, "previous_status": row.status, "message": row.pk},
+            via=via,
+            message=row,
+            team=team,
         )
         MessageHistory.record_messages([row.pk], "discard", user=user, via=via, detail=reason)
     return Message.objects.get(pk=row.pk)
@@ -113,6 +115,7 @@ def _by_filter(
     """
     if not names_a_filter(filters):
         raise ValidationError({"filters": "name at least one filter: this changes every match"})
+    team = scope.acting_team if scope is not None else None
     matching = apply_filters(Message.objects.filter(status__in=statuses), filters, scope)
     if scope is not None:  # a team caller: only what they operate on
         matching = matching.filter(scope.q(Role.OPERATOR))
@@ -139,8 +142,10 @@ def _by_filter(
             rows = [(pk, value) for pk, value in rows if pk not in held]
             now = timezone.now()
             Message.objects.filter(pk__in=[pk for pk, _value in rows]).update(**updates(now))
-            Activity.objects.bulk_create(
-                Activity(user=user, action=action, message_id=pk, via=via, detail=detail(pk, value))
+            Activity.record_many(
+                Activity.entry(
+                    user, action, detail=detail(pk, value), via=via, message=pk, team=team
+                )
                 for pk, value in rows
             )
             MessageHistory.record_messages(
@@ -207,7 +212,7 @@ def restore_matching(user, filters, via="console", budget_s=None, batch=None, sc
     )
 
 
-def restore_message(message, user, via="console"):
+def restore_message(message, user, via="console", team=None):
     """Undo a discard: the message gets back the status it had. Logged as ``restore``.
 
     Raises StateError if the message is not discarded. Returns the updated Message.
@@ -222,12 +227,13 @@ def restore_message(message, user, via="console"):
             status_reason="",
             updated_at=timezone.now(),
         )
-        Activity.objects.create(
-            user=user,
-            action="restore",
-            message=row,
-            via=via,
+        Activity.record(
+            user,
+            "restore",
             detail={"restored_status": status, "message": row.pk},
+            via=via,
+            message=row,
+            team=team,
         )
         MessageHistory.record_messages(
             [row.pk], "restore", user=user, via=via, detail=f"restored to {status}"

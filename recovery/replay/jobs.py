@@ -99,26 +99,21 @@ def check_job_target(scope, target, team_ids):
         raise ValidationError({field: "not in your team's scopes"})
 
 
-def _log_creation(job, user, via):
-    Activity.objects.create(
-        user=user,
-        action="job_created",
-        job=job,
-        via=via,
-        detail={
-            "filters": job.filters,
-            "message_ids": len(job.message_ids),
-            "group_key": job.group_key,
-            "target": describe_target(job),
-            "rate": job.rate,
-            "canary_size": job.canary_size,
-            "breaker_threshold_pct": job.breaker_threshold_pct,
-            "include_poisoned": job.include_poisoned,
-            # What the team could see when the job was made: the runner counts what left it
-            # within this only (recovery.replay.selection.scope_at_creation).
-            **({"scope": team_scope_rows(job.team_id)} if job.team_id is not None else {}),
-        },
-    )
+def _creation_detail(job):
+    """What the ``job_created`` activity row keeps of a job."""
+    return {
+        "filters": job.filters,
+        "message_ids": len(job.message_ids),
+        "group_key": job.group_key,
+        "target": describe_target(job),
+        "rate": job.rate,
+        "canary_size": job.canary_size,
+        "breaker_threshold_pct": job.breaker_threshold_pct,
+        "include_poisoned": job.include_poisoned,
+        # What the team could see when the job was made: the runner counts what left it
+        # within this only (recovery.replay.selection.scope_at_creation).
+        **({"scope": team_scope_rows(job.team_id)} if job.team_id is not None else {}),
+    }
 
 
 def create_job(user, *, include_poisoned=False, scope=None, **arguments):
@@ -173,7 +168,14 @@ def create_job(user, *, include_poisoned=False, scope=None, **arguments):
             allowed_statuses=selection.statuses,
             **options,
         )
-        _log_creation(job, user, options["via"])
+        Activity.record(
+            user,
+            "job_created",
+            detail=_creation_detail(job),
+            via=options["via"],
+            job=job,
+            team=scope.acting_team if scope is not None else None,
+        )
         transaction.on_commit(job.enqueue)
     return job
 
@@ -223,14 +225,14 @@ def describe_target(job):
     return f"{where}, after {job.delay_seconds}s" if job.delay_seconds else where
 
 
-def resume_job(job, user, via="console"):
+def resume_job(job, user, via="console", team=None):
     """Resume a paused job (ReplayJob.resume), unless its creator lost the right to send it:
     the runner would stop it at once (recovery.replay.authority), so say why now (StateError:
     a 409). Someone who holds the right starts a new job for the rest."""
     refusal = job_authority(job).refusal
     if refusal:
         raise StateError(f"job #{job.pk} cannot be resumed: {refusal}")
-    return job.resume(user, via=via)
+    return job.resume(user, via=via, team=team)
 
 
 # ---- keeping them running -------------------------------------------------------------------

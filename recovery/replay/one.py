@@ -121,6 +121,7 @@ def record_outcome(
     edited=False,
     previous_status=Status.PENDING,
     edit=None,
+    team=None,
 ):
     now = timezone.now()
     with transaction.atomic():
@@ -161,9 +162,7 @@ def record_outcome(
             edit.save(update_fields=["attempt"])
             activity_detail["edit"] = edit.pk
         action = "edit_replay" if edited else "replay"
-        Activity.objects.create(
-            user=user, action=action, message=message, via=via, detail=activity_detail
-        )
+        Activity.record(user, action, detail=activity_detail, via=via, message=message, team=team)
         MessageHistory.record_messages(
             [message.pk],
             action,
@@ -320,4 +319,5 @@ def replay_message(
         edited=edited,
         previous_status=previous_status,
         edit=edit,
+        team=scope.acting_team if scope is not None else None,
     )

@@ -189,12 +189,24 @@ class JobRunner:
         left_out = job_queryset(job).filter(then).exclude(now).count()
         if left_out > 0:
             log.warning("replay job %s: %s messages out of its team's scope", job.pk, left_out)
-            self._activity("job_out_of_scope", {"left_out": left_out, "team": job.team_id})
+            Activity.record(
+                None,
+                "job_out_of_scope",
+                detail={"left_out": left_out, "team": job.team_id},
+                via="system",
+                job=self.job_id,
+            )
 
     def _prepare(self, first_start):
         job = self.job
         if first_start:
-            self._activity("job_started", {"runner": self.runner_id})
+            Activity.record(
+                None,
+                "job_started",
+                detail={"runner": self.runner_id},
+                via="system",
+                job=self.job_id,
+            )
         # Who the job sends for, now (a resume, a requeue or a takeover starts here): a creator
         # who lost the right gets no snapshot; the first control tick stops the job.
         self._check_authority()
@@ -212,9 +224,12 @@ class JobRunner:
             log.warning(
                 "replay job %s: took over from %r, %s claimed messages", job.pk, previous, reclaimed
             )
-            self._activity(
+            Activity.record(
+                None,
                 "job_taken_over",
-                {"runner": self.runner_id, "previous": previous, "reclaimed": reclaimed},
+                detail={"runner": self.runner_id, "previous": previous, "reclaimed": reclaimed},
+                via="system",
+                job=self.job_id,
             )
         self.target = Target.of_job(job)
         self.user_id = job.created_by_id
@@ -432,11 +447,21 @@ class JobRunner:
         log.warning("replay job %s: skipped %s", self.job_id, counts)
         left = counts.pop(LEFT_SCOPE, 0)
         if left:
-            self._activity(
-                "job_out_of_scope", {"left_out": left, "team": self.job.team_id, "at": "claim"}
+            Activity.record(
+                None,
+                "job_out_of_scope",
+                detail={"left_out": left, "team": self.job.team_id, "at": "claim"},
+                via="system",
+                job=self.job_id,
             )
         for why, n in counts.items():
-            self._activity("job_items_skipped", {"skipped": n, "reason": why})
+            Activity.record(
+                None,
+                "job_items_skipped",
+                detail={"skipped": n, "reason": why},
+                via="system",
+                job=self.job_id,
+            )
 
     def _publisher(self, vhost):
         publisher = self.publishers.get(vhost)
@@ -552,7 +577,13 @@ class JobRunner:
         if reason:
             return ("pause", reason)
         self.store.set_fields(canary_passed_at=timezone.now())
-        self._activity("job_canary_passed", {"counts": counts, "dead_again": dead})
+        Activity.record(
+            None,
+            "job_canary_passed",
+            detail={"counts": counts, "dead_again": dead},
+            via="system",
+            job=self.job_id,
+        )
         return None
 
     # ---- ends ---------------------------------------------------------------------------------
@@ -602,7 +633,9 @@ class JobRunner:
         """The job's state after a stop, and what run() returns."""
         if kind == "pause":
             self.store.end(ReplayJob.State.PAUSED, reason)
-            self._activity("job_paused", {"reason": reason})
+            Activity.record(
+                None, "job_paused", detail={"reason": reason}, via="system", job=self.job_id
+            )
             return "paused"
         if kind == "requeue":
             if self.store.end(ReplayJob.State.QUEUED, reason) == ReplayJob.State.QUEUED:
@@ -612,7 +645,9 @@ class JobRunner:
             # For good: the right it was sent with is gone; someone who holds it may start a
             # new job for the rest (the job page offers it for a cancelled job).
             if self.store.end(ReplayJob.State.CANCELLED, reason) == ReplayJob.State.CANCELLED:
-                self._activity("job_stopped", {"reason": reason})
+                Activity.record(
+                    None, "job_stopped", detail={"reason": reason}, via="system", job=self.job_id
+                )
             return "stopped"
         if kind == "sleep":
             wait = reason
@@ -626,7 +661,9 @@ class JobRunner:
     def _finish(self, counts):
         state = self.store.end(ReplayJob.State.DONE, "")
         if state == ReplayJob.State.DONE:
-            self._activity("job_done", {"counts": counts})
+            Activity.record(
+                None, "job_done", detail={"counts": counts}, via="system", job=self.job_id
+            )
         return state or "lost"
 
     def _fail(self, exc):
@@ -642,11 +679,8 @@ class JobRunner:
             self.store.release(held, "the job failed before this message was confirmed")
             reason = f"failed: {type(exc).__name__}: {exc}"[:2000]
             if self.store.end(ReplayJob.State.FAILED, reason) == ReplayJob.State.FAILED:
-                self._activity("job_failed", {"reason": reason})
+                Activity.record(
+                    None, "job_failed", detail={"reason": reason}, via="system", job=self.job_id
+                )
         except Exception:
             log.exception("replay job %s: could not record the failure", self.job_id)
-
-    def _activity(self, action, detail):
-        Activity.objects.create(
-            user=None, action=action, job_id=self.job_id, via="system", detail=detail
-        )

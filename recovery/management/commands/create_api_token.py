@@ -34,5 +34,5 @@ class Command(BaseCommand):
         detail = {"token": token.prefix, "role": role}
         if acting is not None:
             detail = {"token": token.prefix, "team": acting.name}
-        Activity.objects.create(user=user, action="token_created", via="system", detail=detail)
+        Activity.record(user, "token_created", detail=detail, via="system")
         self.stdout.write(raw)

@@ -42,8 +42,9 @@ class Command(BaseCommand):
                     else ""
                 )
             )
-        Activity.objects.create(
-            action="import_archive",
-            via="system",
+        Activity.record(
+            None,
+            "import_archive",
             detail={**totals, "files": [str(f) for f in files], "touch": touch},
+            via="system",
         )

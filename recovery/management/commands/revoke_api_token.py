@@ -31,10 +31,10 @@ class Command(BaseCommand):
             )
         for token in tokens:
             token.revoke()
-            Activity.objects.create(
-                user=None,
-                action="token_revoked",
-                via="system",
+            Activity.record(
+                None,
+                "token_revoked",
                 detail={"token": token.prefix, "owner": token.user.get_username()},
+                via="system",
             )
             self.stdout.write(f"revoked {token.prefix} of {token.user.get_username()}")
