@@ -24,12 +24,12 @@ from recovery.models import (
     MessageTotal,
     Reason,
     attach_died_again,
-    group_details,
     scope_of,
     team_scoped,
 )
-from recovery.models.counts import SAMPLE_BYTES, hourly_sparks, shown_sample
+from recovery.search.details import SAMPLE_BYTES, group_details, shown_sample
 from recovery.search.groups import group_counts
+from recovery.search.overview import hourly_sparks
 
 PAGE_SIZE = 100
 NEW_GROUP_AGE = datetime.timedelta(hours=1)

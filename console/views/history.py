@@ -9,8 +9,9 @@ from console.access import viewer_required
 from console.forms.history import HistoryFilterForm
 from console.views.paging import anchor_of, newest_first_page, query_without
 from recovery.masking.policy import privacy_of
-from recovery.models import MessageHistory, group_details, scope_of, team_scoped
+from recovery.models import MessageHistory, scope_of, team_scoped
 from recovery.models.masking import MaskingRules
+from recovery.search.details import group_details
 
 PAGE_SIZE = 100
 

@@ -17,12 +17,12 @@ from recovery.models import (
     ReplayJob,
     ReplayJobItem,
     Role,
-    group_details,
     scope_of,
     team_scoped,
 )
 from recovery.replay.jobs import create_job, describe_target, dry_run, resume_job
 from recovery.replay.safety import job_breaker
+from recovery.search.details import group_details
 
 PAGE_SIZE = 50
 POLL_SECONDS = 1

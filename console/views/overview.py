@@ -34,14 +34,16 @@ from recovery.models import (
     Kind,
     MessageCount,
     MessageTotal,
-    changing_groups,
-    collected_since,
-    hourly_sums,
-    rollup_sums,
     scope_of,
     team_scoped,
 )
 from recovery.models.masking import MaskingRules
+from recovery.search.overview import (
+    changing_groups,
+    collected_since,
+    hourly_sums,
+    rollup_sums,
+)
 
 TOP_SOURCES = 15
 MANAGEMENT_TIMEOUT_SECONDS = 3

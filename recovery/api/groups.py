@@ -13,8 +13,9 @@ from recovery.api.pagination import RowsCursorPagination
 from recovery.api.params import MessageFilterParams, validated
 from recovery.collector.health import collector_health, without_error_text
 from recovery.masking.policy import privacy_of
-from recovery.models import Message, Status, group_details, scope_of, team_scoped
+from recovery.models import Message, Status, scope_of, team_scoped
 from recovery.models.masking import MaskingRules
+from recovery.search.details import group_details
 from recovery.search.filters import apply_filters
 from recovery.search.groups import (
     attach_labels,

@@ -58,11 +58,6 @@ from recovery.models.counts import (
     REBUILD_COUNTS_SQL,
     MessageCount,
     MessageTotal,
-    changing_groups,
-    collected_since,
-    group_details,
-    hourly_sums,
-    rollup_sums,
 )
 from recovery.models.decoders import DecoderRule
 from recovery.models.history import HistoryAction, MessageHistory
@@ -95,8 +90,6 @@ __all__ = [
     "Grant",
     "SsoIdentity",
     "log_refusal",
-    "changing_groups",
-    "collected_since",
     "BrokerTally",
     "DecoderRule",
     "MaskRule",
@@ -146,7 +139,6 @@ __all__ = [
     "attach_died_again",
     "default_target_of",
     "mark_died_again",
-    "group_details",
     "has_role",
     "global_role_of",
     "glob_to_regex",
@@ -158,8 +150,6 @@ __all__ = [
     "Team",
     "TeamScope",
     "hash_token",
-    "hourly_sums",
     "role_of",
-    "rollup_sums",
     "set_role",
 ]

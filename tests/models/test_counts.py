@@ -203,7 +203,7 @@ def test_totals_count_the_collectors_copy_path():
 
 
 def test_the_busiest_groups_are_the_most_collected_this_hour_and_the_last(time_machine):
-    from recovery.models import changing_groups
+    from recovery.search.overview import changing_groups
 
     time_machine.move_to("2026-11-26 03:40:00+00:00", tick=False)
     now = timezone.now()
