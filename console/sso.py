@@ -5,9 +5,9 @@ through Authlib (docs/decisions.md says why Authlib), and what a sign-in may fai
 the process for an hour; an unknown key id fetches the keys again, so the provider may rotate
 them).
 ``SignInError`` is every way a sign-in fails, each with a page of its own and a log line:
-``explain()`` turns what Authlib, joserfc and requests raise into one. ``sign_in()`` turns the
-id token's claims into a Lazarus user with the role and teams their groups are mapped to, or a
-refusal (recovery.access.sso).
+``explain()`` turns what Authlib, joserfc and requests raise into one. ``sign_in()`` reads the
+id token's claims (username, groups, email) and hands them to recovery.access.provisioning, which
+decides who that is in Lazarus and which role and teams their groups give, or refuses.
 """
 
 import logging
@@ -19,14 +19,11 @@ import requests
 from authlib.integrations.base_client import MismatchingStateError, OAuthError
 from authlib.integrations.django_client import OAuth
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.contrib.auth.validators import UnicodeUsernameValidator
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, transaction
-from django.utils import timezone
 from joserfc import errors as joserfc_errors
 
-from recovery.models import Activity, Grant, SsoIdentity, log_refusal, set_privileges
+from recovery.access import provisioning
 
 log = logging.getLogger(__name__)
 
@@ -280,15 +277,6 @@ def groups_of(claims):
     )
 
 
-class Refused(Exception):
-    """A sign-in the mapping refuses: the page says ``reason``; it is in the activity log."""
-
-    def __init__(self, reason, username=""):
-        super().__init__(reason)
-        self.reason = reason
-        self.username = username
-
-
 def _username(claims):
     value = claim_at(claims, settings.OIDC_USERNAME_CLAIM)
     if not isinstance(value, str) or not value.strip():
@@ -312,179 +300,15 @@ def _username(claims):
 
 def sign_in(claims):
     """The Lazarus user these validated id token claims sign in as, with their mapped role and
-    teams applied; raises Refused (logged in the activity log) or SignInError."""
-    outcome = _decide(claims)
-    if isinstance(outcome, Refused):
-        raise outcome
-    return outcome
-
-
-@transaction.atomic
-def _decide(claims):
-    """The user, or the Refused the caller raises once the refusal is committed."""
-    username = _username(claims)
-    issuer, subject = claims["iss"], str(claims["sub"])
-    identity = (
-        SsoIdentity.objects.select_for_update()
-        .select_related("user")
-        .filter(issuer=issuer, subject=subject)
-        .first()
+    teams applied (recovery.access.provisioning); raises Refused (logged in the activity log)
+    or SignInError (a claim Lazarus cannot use)."""
+    account = provisioning.Account(
+        issuer=claims["iss"],
+        subject=str(claims["sub"]),
+        username=_username(claims),
+        groups=groups_of(claims),
+        email=claims.get("email") or "",
+        # Some providers (Amazon Cognito) send the boolean as a string.
+        email_verified=claims.get("email_verified") in (True, "true"),
     )
-    groups = groups_of(claims)
-    if groups is None:
-        reason = (
-            f"The identity provider sent no {settings.OIDC_GROUPS_CLAIM!r} claim, so Lazarus "
-            "cannot tell which role and team you have. An administrator must configure the "
-            "provider to send it (docs/security.md, 'Single sign-on')."
-        )
-        return _refuse(username, reason, identity, [])
-    grant = Grant.of(groups)
-    if grant.empty:
-        reason = (
-            "None of your groups at the identity provider is mapped to a Lazarus role or team "
-            f"({'you are in: ' + ', '.join(sorted(groups)) if groups else 'you are in no group'}). "
-            "Ask a Lazarus administrator to map one of them, or your provider's administrator "
-            "to add you to a mapped group."
-        )
-        return _refuse(username, reason, identity, groups)
-    if identity is None:
-        identity = _first_sign_in(claims, username, groups)
-        if isinstance(identity, Refused):
-            return identity
-    user = identity.user
-    if not user.is_active:
-        return _refuse(
-            user.username,
-            "Your Lazarus account has been deactivated by an administrator.",
-            identity,
-            groups,
-            take_away=False,
-        )
-    grant, removed_from = grant.without_removals(user)
-    if grant.empty:
-        return _refuse(
-            user.username,
-            f"A Lazarus administrator removed you from {', '.join(removed_from)}, the only team "
-            "your groups give you. Ask them to add you again (Teams page).",
-            identity,
-            groups,
-        )
-    identity.groups = groups
-    identity.last_login_at = timezone.now()
-    identity.save(update_fields=["groups", "last_login_at"])
-    identity.apply(grant)
-    return user
-
-
-def _first_sign_in(claims, username, groups):
-    """The new SsoIdentity of a provider account Lazarus has not seen (by issuer and subject),
-    or a Refused. The username claim only names a new user: many providers let users edit it,
-    so it never links an account by itself (_link)."""
-    issuer, subject = claims["iss"], str(claims["sub"])
-    User = get_user_model()
-    existing = User.objects.select_related("sso_identity").filter(username__iexact=username)
-    if existing.exists():
-        return _link(existing.first(), claims, username, groups)
-    try:
-        # Two first sign-ins of one person at once (two tabs): one creates the account, the
-        # other finds it (the unique username and issuer+subject decide, not a 500).
-        with transaction.atomic():
-            user = User(username=username, email=claims.get("email") or "")
-            user.set_unusable_password()
-            user.save()
-            # Least privileges for what sign-in creates: an admin grants bodies (Users page).
-            set_privileges(user, bodies=False)
-            identity = SsoIdentity.objects.create(user=user, issuer=issuer, subject=subject)
-        log.info("sign-in: created user %r for %s at %s", username, subject, issuer)
-        return identity
-    except IntegrityError:
-        identity = (
-            SsoIdentity.objects.select_related("user")
-            .filter(issuer=issuer, subject=subject)
-            .first()
-        )
-        if identity is not None:
-            return identity
-        return _refuse(
-            username,
-            f"A Lazarus account named {username!r} was created for someone else at the "
-            "same moment. An administrator must rename or remove it before you can "
-            "sign in with the provider.",
-            None,
-            groups,
-            subject=subject,
-        )
-
-
-def _email_verified(claims, user):
-    """The provider vouches (email_verified) that this account owns ``user``'s email address."""
-    email = claims.get("email")
-    # Some providers (Amazon Cognito) send the boolean as a string.
-    verified = claims.get("email_verified") in (True, "true")
-    return (
-        verified
-        and isinstance(email, str)
-        and bool(user.email)
-        and email.strip().casefold() == user.email.strip().casefold()
-    )
-
-
-def _link(user, claims, username, groups):
-    """A provider account's first sign-in under the name of an existing Lazarus user: linked
-    only when the user has no provider account yet, is not a superuser (break-glass accounts
-    stay local) and the provider says the email address is verified and the user's. Otherwise a
-    refusal that names the clash, in the activity log, never a silent take-over."""
-    issuer, subject = claims["iss"], str(claims["sub"])
-    claim = settings.OIDC_USERNAME_CLAIM
-    if hasattr(user, "sso_identity"):
-        reason = (
-            f"The Lazarus account {user.username!r}, the name your {claim!r} claim gives you, "
-            "already belongs to another account at the identity provider (it signed in with "
-            "that name first). You are not signed in. Ask a Lazarus administrator to rename "
-            "or remove that account (Users page); this refusal is in the activity log."
-        )
-    elif user.is_superuser:
-        reason = (
-            f"A Lazarus account named {user.username!r} exists already and is a superuser: it "
-            "stays a local account (break-glass) and is never linked to the provider."
-        )
-    elif not _email_verified(claims, user):
-        reason = (
-            f"A Lazarus account named {user.username!r} exists already, and the identity "
-            "provider does not vouch that it is yours (it links only when the provider says "
-            "your email address is verified and it is the account's). An administrator must "
-            "set the account's email, or rename or remove it, before you can sign in."
-        )
-    else:
-        identity = SsoIdentity.objects.create(user=user, issuer=issuer, subject=subject)
-        Activity.record(
-            user,
-            "sso_linked",
-            detail={"username": user.username, "issuer": issuer, "subject": subject},
-            via="console",
-        )
-        log.info("sign-in: linked %r to %s at %s (verified email)", user.username, subject, issuer)
-        return identity
-    return _refuse(username, reason, None, groups, subject=subject, existing_user=user.pk)
-
-
-def _refuse(username, reason, identity, groups, take_away=True, **extra):
-    """Logs the refusal (``extra`` in the activity row's detail); a known user loses their
-    roles, teams and API tokens (not for a deactivated user: an admin took them out already).
-    Returns the Refused to raise once this is committed."""
-    revoked = 0
-    user = identity.user if identity is not None else None
-    if identity is not None and take_away:
-        revoked = identity.refuse(reason)
-        identity.groups = groups
-        identity.last_login_at = timezone.now()
-        identity.save(update_fields=["groups", "last_login_at"])
-    log_refusal(username, reason, user=user, groups=groups, revoked_tokens=revoked, **extra)
-    log.warning(
-        "sign-in refused for %r (groups %s): %s%s",
-        username,
-        groups,
-        reason,
-        f"; revoked {revoked} API token(s)" if revoked else "",
-    )
-    return Refused(reason, username)
+    return provisioning.sign_in(account)

@@ -17,6 +17,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
 from console import sso
+from recovery.access.provisioning import Refused
 from recovery.models import team_scoped
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ def sso_callback(request):
             request, leeway=settings.OIDC_CLOCK_LEEWAY_SECONDS
         )
         user = sso.sign_in(sso.claims_of(token))
-    except sso.Refused as refused:
+    except Refused as refused:
         return render(
             request,
             "registration/sso_refused.html",
