@@ -9,6 +9,7 @@ from django.conf import settings
 
 from recovery.models import Kind, Message, Reason, Status
 from tests.helpers import declare_app_queue, publish, wait_for
+from tests.helpers.collector import receive, reject_all, stored
 
 ODD_HEADERS = {
     "str": "héllo",
@@ -24,39 +25,6 @@ ODD_HEADERS = {
     "table": {"nested": {"deep": [1, "two", False]}, "$t": "looks like a tag"},
     "array": [1, "a", 2.25, None, {"k": "v"}],
 }
-
-
-def reject_all(channel, queue, expect):
-    rejected = 0
-    for _ in range(200):
-        method, _props, _body = channel.basic_get(queue)
-        if method is None:
-            if rejected >= expect:
-                return rejected
-            channel.connection.sleep(0.05)
-            continue
-        channel.basic_reject(method.delivery_tag, requeue=False)
-        rejected += 1
-    return rejected
-
-
-def stored(count=1, **filters):
-    return wait_for(
-        lambda: (
-            list(Message.objects.filter(**filters))
-            if Message.objects.filter(**filters).count() >= count
-            else None
-        ),
-        message=f"{count} stored message(s) matching {filters}",
-    )
-
-
-def receive(channel, queue, timeout=10):
-    def get():
-        method, props, body = channel.basic_get(queue, auto_ack=True)
-        return (props, body) if method else None
-
-    return wait_for(get, timeout=timeout, message=f"a message on {queue}")
 
 
 @pytest.mark.django_db(transaction=True)

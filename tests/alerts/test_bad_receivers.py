@@ -18,8 +18,8 @@ from recovery.alerts import deliver
 from recovery.alerts.deliver import deliver_due, send_test
 from recovery.alerts.tasks import evaluate_alerts
 from recovery.models import AlertRule, Notification, NotificationChannel
-from tests.alerts.test_alerts import Receiver, webhook
 from tests.helpers import free_port, make_message
+from tests.helpers.alerts import Receiver, webhook
 
 pytestmark = pytest.mark.django_db
 

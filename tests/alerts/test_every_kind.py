@@ -32,9 +32,9 @@ from recovery.models import (
     Status,
 )
 from recovery.models.retention import apply_retention
-from tests.alerts.test_alerts import Receiver, webhook
-from tests.broker.test_tally_and_health import reject_all
 from tests.helpers import make_message, wait_for
+from tests.helpers.alerts import Receiver, webhook
+from tests.helpers.collector import publish_and_reject
 
 pytestmark = pytest.mark.django_db
 
@@ -130,7 +130,7 @@ def _fire_tally(ctx):
     ctx.channel.queue_delete("kinds.discarding")
     ctx.channel.queue_declare("kinds.discarding")  # no dead-letter exchange: a reject discards
     take_sample()
-    reject_all(ctx.channel, "kinds.discarding", 3)
+    publish_and_reject(ctx.channel, "kinds.discarding", 3)
     sample = take_sample()
     assert sample.discarded == 3, sample
 

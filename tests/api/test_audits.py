@@ -6,7 +6,7 @@ import pytest
 
 from recovery.api import audits as api_audits
 from recovery.models import AuditEvidence, AuditRun
-from tests.api.conftest import make_audit, make_message
+from tests.helpers.api import make_audit, make_message
 
 
 def test_last_nights_audit_newest_revision_first(viewer_api):

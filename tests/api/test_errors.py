@@ -5,7 +5,7 @@ from django.test import Client, RequestFactory
 from rest_framework.exceptions import ValidationError
 
 from recovery.api.errors import exception_handler, flatten_errors, handler404, handler500
-from tests.api.conftest import make_message
+from tests.helpers.api import make_message
 
 PROBLEM = "application/problem+json"
 

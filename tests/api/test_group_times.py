@@ -9,7 +9,7 @@ from django.db.models import Count, Max, Min, Q
 from django.utils import timezone
 
 from recovery.models import Message, MessageTotal
-from tests.api.conftest import make_message
+from tests.helpers.api import make_message
 
 pytestmark = pytest.mark.django_db
 

@@ -4,7 +4,7 @@ import datetime
 
 from django.utils import timezone
 
-from tests.api.conftest import make_message
+from tests.helpers.api import make_message
 
 
 def test_groups_count_and_date_their_messages(viewer_api):

@@ -5,8 +5,8 @@ import datetime
 from django.utils import timezone
 
 from recovery.models import IdempotencyKey, Message, ReplayAttempt
-from tests.api.conftest import make_message
 from tests.helpers import drain, make_user
+from tests.helpers.api import make_message
 
 
 def test_replaying_twice_with_one_key_sends_one_message(operator_api, amqp, app_queue):

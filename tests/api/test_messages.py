@@ -8,8 +8,8 @@ import pytest
 from django.utils import timezone
 
 from recovery.models import Activity, Message
-from tests.api.conftest import make_message
 from tests.helpers import drain
+from tests.helpers.api import make_message
 
 
 def test_filters_and_the_q_search(viewer_api):

@@ -26,8 +26,8 @@ from recovery.models import (
     Team,
     TeamScope,
 )
-from tests.api.conftest import make_audit, make_message
 from tests.helpers import make_user
+from tests.helpers.api import make_audit, make_message
 
 VIEWER, OPERATOR, ADMIN = Role.VIEWER, Role.OPERATOR, Role.ADMIN
 ORDER = [None, VIEWER, OPERATOR, ADMIN]

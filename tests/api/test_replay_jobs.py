@@ -4,9 +4,8 @@ cancel, resume; validation names the field. The job runs through the real engine
 import pytest
 
 from recovery.models import ReplayJob
-from tests.api.conftest import make_message
-from tests.api.test_messages import drain
-from tests.helpers import make_user
+from tests.helpers import drain, make_user
+from tests.helpers.api import make_message
 
 
 def run_like_a_worker(job_id):

@@ -18,8 +18,8 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from console.wsgi import application
 from recovery.models import AlertRule, ApiToken, NotificationChannel, Role
-from tests.api.conftest import make_audit, make_message
 from tests.helpers import make_user
+from tests.helpers.api import make_audit, make_message
 
 EXAMPLES = int(os.environ.get("API_FUZZ_EXAMPLES", "15"))
 # Reproducible by default; API_FUZZ_RANDOM=1 explores new inputs on each run.

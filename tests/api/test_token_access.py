@@ -6,7 +6,7 @@ import pytest
 from django.core.management import call_command
 
 from recovery.models import ApiToken, hash_token
-from tests.api.conftest import make_message
+from tests.helpers.api import make_message
 
 
 @pytest.mark.django_db

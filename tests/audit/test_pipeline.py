@@ -10,48 +10,9 @@ from django.core.management import call_command
 
 from recovery.audit.export import export_store
 from recovery.models import AuditEvidence, AuditRun, Message
+from tests.helpers.audit import BINDINGS, DAY, consumed, produced, write_log
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
-
-DAY = datetime.date(2026, 11, 20)
-T0 = int(datetime.datetime(2026, 11, 20, 10, 0, tzinfo=datetime.UTC).timestamp() * 1000)
-BINDINGS = [{"exchange": "shop", "routing_key": "order.#", "consumer_group": "billing"}]
-
-
-def write_log(base, side, hour, name, lines):
-    folder = base / side / f"dt={DAY.isoformat()}" / f"hour={hour:02d}"
-    folder.mkdir(parents=True, exist_ok=True)
-    with (folder / f"{name}.jsonl").open("w") as fh:
-        for line in lines:
-            fh.write(line if isinstance(line, str) else json.dumps({"v": 1, **line}))
-            fh.write("\n")
-
-
-def produced(mid, attempt=1, outcome="ack", dt=0):
-    return {
-        "ts": T0 + dt,
-        "producer": "shop-api",
-        "message_id": mid,
-        "exchange": "shop",
-        "routing_key": "order.created",
-        "attempt": attempt,
-        "outcome": outcome,
-        "confirm_ms": 3,
-        "size": 100,
-    }
-
-
-def consumed(mid, dt=50, redelivered=False):
-    return {
-        "ts": T0 + dt,
-        "consumer_group": "billing",
-        "consumer": "billing-1",
-        "queue": "billing.orders",
-        "message_id": mid,
-        "redelivered": redelivered,
-        "outcome": "ack",
-        "handle_ms": 2,
-    }
 
 
 @pytest.fixture

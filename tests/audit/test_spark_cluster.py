@@ -18,8 +18,8 @@ import pytest
 from django.core.management import call_command
 
 from recovery.models import AuditEvidence, AuditRun, Message
-from tests.audit.test_pipeline import BINDINGS, DAY, consumed, produced, write_log
 from tests.helpers import free_port
+from tests.helpers.audit import BINDINGS, DAY, consumed, produced, write_log
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

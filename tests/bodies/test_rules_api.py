@@ -7,8 +7,8 @@ import base64
 import pytest
 
 from recovery.models import Activity, DecoderRule, Role
-from tests.api.conftest import ApiClient
 from tests.helpers import make_message, make_user
+from tests.helpers.api import ApiClient
 
 pytestmark = pytest.mark.django_db
 

@@ -18,8 +18,8 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from recovery.models import Activity, DecoderRule, Message
 from recovery.search import index as search_index
 from recovery.search.filters import MessageFilterForm
-from tests.bodies.conftest import AVRO_SCHEMA
 from tests.helpers import declare_app_queue, publish, wait_for
+from tests.helpers.bodies import AVRO_SCHEMA
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

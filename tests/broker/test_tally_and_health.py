@@ -5,7 +5,6 @@ rabbitmq_prometheus counters, its management API) and the real collector; a real
 import datetime
 import json
 import subprocess
-import time
 
 import pika
 import pytest
@@ -20,8 +19,9 @@ from recovery.broker.management import Management
 from recovery.broker.tasks import take_sample
 from recovery.broker.topology import Names
 from recovery.models import AlertRule, Message
-from tests.alerts.test_alerts import Receiver, rule, webhook
 from tests.helpers import declare_app_queue, free_port, wait_for
+from tests.helpers.alerts import Receiver, rule, webhook
+from tests.helpers.collector import publish_and_reject
 
 pytestmark = pytest.mark.django_db
 
@@ -114,19 +114,6 @@ def quiet_node(wired):
     )
 
 
-def reject_all(channel, queue, n):
-    for i in range(n):
-        channel.basic_publish("", queue, f"{queue}-{i}".encode())
-    got = 0
-    while got < n:
-        method, _, _ = channel.basic_get(queue)
-        if method is None:
-            time.sleep(0.05)
-            continue
-        channel.basic_reject(method.delivery_tag, requeue=False)
-        got += 1
-
-
 @pytest.mark.usefixtures("collector", "quiet_node")
 def test_the_tally_matches_what_lazarus_stored_and_counts_what_the_broker_threw_away(
     amqp, client, api, viewer
@@ -141,8 +128,8 @@ def test_the_tally_matches_what_lazarus_stored_and_counts_what_the_broker_threw_
         baseline = take_sample()
         assert baseline.error == "" and baseline.gap is None  # a baseline compares nothing
 
-        reject_all(amqp, "tally.kept", 40)
-        reject_all(amqp, "tally.naked", 6)
+        publish_and_reject(amqp, "tally.kept", 40)
+        publish_and_reject(amqp, "tally.naked", 6)
         for i in range(3):
             amqp.basic_publish("tally.nowhere", "nobody", f"lost-{i}".encode())
         wait_for(
@@ -191,7 +178,7 @@ def test_dead_letters_waiting_are_no_gap_and_a_purged_recovery_queue_is_one(amqp
     names = settings.RECOVERY_DEAD_LETTER_QUEUE
     declare_app_queue(amqp, "tally.waiting")
     take_sample()
-    reject_all(amqp, "tally.waiting", 10)  # no collector running: they wait in its queue
+    publish_and_reject(amqp, "tally.waiting", 10)  # no collector running: they wait in its queue
     wait_for(lambda: management_depth(names) == 10, timeout=20)
 
     waiting = take_sample()

@@ -6,7 +6,7 @@ import pytest
 from django.conf import settings
 
 from tests.helpers import declare_app_queue, publish, wait_for
-from tests.test_dead_letter_path import reject_all, stored
+from tests.helpers.collector import reject_all, stored
 
 
 @pytest.mark.django_db(transaction=True)

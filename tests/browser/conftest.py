@@ -106,6 +106,13 @@ def tab(chromium, live_server, request):
 
 
 @pytest.fixture
+def new_tab(chromium, live_server, request):
+    """``new_tab(**context_options)`` -> (its browser context, a Tab): a second browser of the
+    test's own (the caller closes the context)."""
+    return lambda **context_options: _tab(chromium, live_server, request, **context_options)
+
+
+@pytest.fixture
 def tab_without_js(chromium, live_server, request):
     context, tab = _tab(chromium, live_server, request, java_script_enabled=False)
     yield tab

@@ -3,7 +3,7 @@
 import pytest
 from playwright.sync_api import expect
 
-from tests.console.test_audits import make_run
+from tests.helpers.audit import make_run
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

@@ -20,8 +20,8 @@ from playwright.sync_api import expect
 
 from recovery.models import DecoderRule, Message
 from recovery.search import index as search_index
-from tests.bodies.conftest import AVRO_SCHEMA, compile_orders_proto
 from tests.helpers import declare_app_queue, publish, wait_for
+from tests.helpers.bodies import AVRO_SCHEMA, compile_orders_proto
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

@@ -6,8 +6,8 @@ import pytest
 from playwright.sync_api import expect
 
 from recovery.models import Message
-from tests.helpers import make_message
-from tests.test_dead_letter_path import declare_app_queue, publish, receive, reject_all, stored
+from tests.helpers import declare_app_queue, make_message, publish
+from tests.helpers.collector import receive, reject_all, stored
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

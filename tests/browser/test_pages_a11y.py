@@ -15,8 +15,8 @@ from django.utils import timezone
 from playwright.sync_api import expect
 
 from recovery.models import AuditRun
-from tests.collector.conftest import fill_quarantine
 from tests.helpers import make_message
+from tests.helpers.collector import fill_quarantine
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

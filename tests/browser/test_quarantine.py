@@ -6,7 +6,7 @@ import pytest
 from playwright.sync_api import expect
 
 from recovery.collector.consumer import start_collectors, stop_collectors
-from tests.collector.conftest import depth, fill_quarantine, stored
+from tests.helpers.collector import depth, fill_quarantine, stored
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

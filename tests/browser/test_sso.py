@@ -68,12 +68,11 @@ def test_unmapped_group_is_refused_with_a_page(tab, sso_live):
     assert refusal.detail["username"] == "carol"
 
 
-def test_an_admin_maps_a_group_then_its_member_signs_in(chromium, live_server, request, sso_live):
-    from tests.browser.conftest import _tab
+def test_an_admin_maps_a_group_then_its_member_signs_in(new_tab, sso_live):
     from tests.helpers import make_user
 
     make_user("root", "admin")
-    context, admin = _tab(chromium, live_server, request)
+    context, admin = new_tab()
     try:
         admin.login("root")
         admin.goto("/sso/mappings/")
@@ -86,7 +85,7 @@ def test_an_admin_maps_a_group_then_its_member_signs_in(chromium, live_server, r
     finally:
         context.close()
 
-    context, bob = _tab(chromium, live_server, request)
+    context, bob = new_tab()
     try:
         sign_in_at_provider(bob, sso_live, "bob")
         bob.page.wait_for_url(bob.url("/"))

@@ -15,8 +15,8 @@ import pytest
 from recovery.client import ReliablePublisher
 from recovery.client.outbox import OUTBOX_DDL, ensure_tables
 from recovery.client.publisher import BLOCKED_AT_CLOSE
-from tests.client.conftest import read_jsonl
 from tests.helpers import drain, wait_for
+from tests.helpers.client import read_jsonl
 
 
 @contextlib.contextmanager

@@ -6,7 +6,7 @@ import pika
 import psycopg
 
 from recovery.client import IdempotentConsumer
-from tests.client.conftest import drain, read_jsonl
+from tests.helpers.client import drain, read_jsonl
 
 
 def publish(channel, queue, message_id, body=b"x"):

@@ -15,7 +15,7 @@ import pika
 import pytest
 
 from recovery.client import IdempotentConsumer, ReliablePublisher
-from tests.client.conftest import read_jsonl
+from tests.helpers.client import read_jsonl
 
 FAULT_SENDS = int(os.environ.get("CLIENT_FAULT_SENDS", "200000"))
 DROP_EVERY_S = 2.0

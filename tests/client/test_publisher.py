@@ -8,7 +8,7 @@ import psycopg
 import pytest
 
 from recovery.client import ReliablePublisher, forward_outbox
-from tests.client.conftest import drain, read_jsonl
+from tests.helpers.client import drain, read_jsonl
 
 RECOVERY_HEADERS = (
     "x-recovery-kind",

@@ -18,7 +18,7 @@ from recovery.client.publisher import ReliablePublisher
 from recovery.collector.consumer import start_collectors, stop_collectors
 from recovery.models import Message
 from tests.helpers import wait_for
-from tests.replay.conftest import dead_letters, run_in_thread
+from tests.helpers.replay import dead_letters, run_in_thread
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -4,7 +4,8 @@ the 4.x way, so the message is published over 0-9-1 with those headers, and reje
 
 import pytest
 
-from tests.collector.conftest import declare_app_queue, publish, reject_next, stored
+from tests.helpers import declare_app_queue, publish
+from tests.helpers.collector import reject_next, stored
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -8,8 +8,8 @@ import pytest
 
 from recovery.client.headers import LongBytes, RawTimestamp
 from recovery.models import Message
-from tests.collector.conftest import declare_app_queue, depth, drain_queue, publish, reject_next
-from tests.helpers import wait_for
+from tests.helpers import declare_app_queue, publish, wait_for
+from tests.helpers.collector import depth, drain_queue, reject_next
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

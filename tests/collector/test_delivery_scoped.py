@@ -7,8 +7,8 @@ import datetime
 import pytest
 
 from recovery.models import Message
-from tests.collector.conftest import publish, stored
-from tests.helpers import wait_for
+from tests.helpers import publish, wait_for
+from tests.helpers.collector import stored
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -15,7 +15,6 @@ import random
 import subprocess
 import time
 
-import pika
 import psycopg
 import pytest
 from django.conf import settings
@@ -26,44 +25,14 @@ from recovery.collector.health import collector_health
 from recovery.collector.processes import collector_process_count
 from recovery.db import database_conninfo
 from recovery.models import Message
-from tests.collector.conftest import depth, open_channel
 from tests.faults import TcpProxy
 from tests.helpers import wait_for
+from tests.helpers.collector import depth, fill, open_channel, stored_count
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 KILL_N = int(os.environ.get("COLLECTOR_FAULT_KILL_N", "100000"))
 FAULT_N = int(os.environ.get("COLLECTOR_FAULT_N", "30000"))
-BODY = b"f" * 1024
-
-
-def fill(vhost, queue, n, wait=True):
-    """N real dead letters in recovery.dead_letters, message ids ``{queue}-{i}``; with ``wait``
-    until they are all there (not while a collector drains them)."""
-    channel = open_channel(vhost)
-    channel.queue_delete(queue)
-    channel.queue_declare(
-        queue,
-        durable=True,
-        arguments={"x-dead-letter-exchange": "recovery.dlx", "x-message-ttl": 0},
-    )
-    for i in range(n):
-        channel.basic_publish(
-            "", queue, BODY, pika.BasicProperties(delivery_mode=2, message_id=f"{queue}-{i}")
-        )
-        if i % 10000 == 9999:
-            channel.connection.process_data_events(0)
-    if wait:
-        wait_for(
-            lambda: depth(channel, "recovery.dead_letters") >= n,
-            timeout=120,
-            message=f"{n} dead letters",
-        )
-    channel.connection.close()
-
-
-def stored_count(queue):
-    return Message.objects.filter(source_queue=queue).count()
 
 
 def drain_with_faults(worker, queue, n, faults, timeout):

@@ -10,8 +10,8 @@ import pytest
 from recovery.client.headers import LongBytes, RawTimestamp
 from recovery.models import Message, Status
 from recovery.replay import replay_message
-from tests.collector.conftest import declare_app_queue, publish, reject_next, stored
-from tests.helpers import wait_for
+from tests.helpers import declare_app_queue, publish, wait_for
+from tests.helpers.collector import reject_next, stored
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -10,9 +10,8 @@ import pytest
 
 from recovery.collector.processes import collector_process_count
 from recovery.models import CollectorHeartbeat
-from tests.collector.conftest import open_channel
-from tests.collector.test_faults import fill, stored_count
 from tests.helpers import wait_for
+from tests.helpers.collector import fill, open_channel, stored_count
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]  # real Celery workers
 

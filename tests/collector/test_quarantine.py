@@ -7,15 +7,8 @@ from recovery.broker.topology import QUORUM
 from recovery.collector import consumer as collector_module
 from recovery.collector.consumer import start_collectors, stop_collectors
 from recovery.models import Message
-from tests.collector.conftest import (
-    declare_app_queue,
-    depth,
-    drain_queue,
-    publish,
-    reject_next,
-    stored,
-)
-from tests.helpers import wait_for
+from tests.helpers import declare_app_queue, publish, wait_for
+from tests.helpers.collector import depth, drain_queue, reject_next, stored
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

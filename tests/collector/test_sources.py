@@ -5,8 +5,8 @@ import datetime
 import pytest
 
 from recovery.models import Kind, Reason, Status
-from tests.collector.conftest import declare_app_queue, publish, reject_next, stored
-from tests.helpers import wait_for
+from tests.helpers import declare_app_queue, publish, wait_for
+from tests.helpers.collector import reject_next, stored
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -10,8 +10,8 @@ from recovery.collector.consumer import start_collectors, stop_collectors
 from recovery.collector.health import STALE_AFTER, collector_health
 from recovery.models import CollectorHeartbeat, Kind
 from recovery.replay import replay_message
-from tests.collector.conftest import declare_app_queue, open_channel, publish, reject_next, stored
-from tests.helpers import make_user, wait_for
+from tests.helpers import declare_app_queue, make_user, publish, wait_for
+from tests.helpers.collector import open_channel, reject_next, stored
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -7,7 +7,7 @@ import pytest
 
 from recovery.models import Activity, Message, MessageEdit, ReplayJob
 from tests.helpers import make_message
-from tests.test_dead_letter_path import receive
+from tests.helpers.collector import receive
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -6,36 +6,11 @@ import re
 
 import pytest
 
-from recovery.models import AuditEvidence, AuditRun, AuditWindow
+from recovery.models import AuditEvidence, AuditRun
 from tests.helpers import make_message
+from tests.helpers.audit import HOUR, make_run
 
 pytestmark = pytest.mark.django_db
-
-HOUR = datetime.datetime(2026, 11, 20, 10, tzinfo=datetime.UTC)
-
-
-def make_run():
-    run = AuditRun.objects.create(
-        date=HOUR.date(),
-        status="succeeded",
-        finality="PROVISIONAL",
-        totals={"distinct_published": 100, "lost": 2, "dup_msgs": 3},
-    )
-    for hour, group, exchange, lost, p95, status in [
-        (HOUR, "billing", "orders", 1, 40, "FINAL"),
-        (HOUR, "billing", "refunds", 1, 90, "FINAL"),
-        (HOUR, "shipping", "orders", 0, 30, "FINAL"),
-        (HOUR + datetime.timedelta(hours=1), "billing", "orders", None, 55, "PROVISIONAL"),
-    ]:
-        AuditWindow.objects.create(
-            run=run,
-            window_start=hour,
-            exchange=exchange,
-            consumer_group=group,
-            status=status,
-            metrics={"lost": lost, "dup_msgs": 1, "latency_p95_ms": p95},
-        )
-    return run
 
 
 def chart(html, element_id):

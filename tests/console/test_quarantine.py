@@ -7,7 +7,7 @@ import pytest
 from recovery.broker import quarantine
 from recovery.collector.consumer import start_collectors, stop_collectors
 from recovery.models import Activity, Message
-from tests.collector.conftest import depth, fill_quarantine, stored
+from tests.helpers.collector import depth, fill_quarantine, stored
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

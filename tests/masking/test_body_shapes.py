@@ -21,8 +21,8 @@ from recovery.models import (
     MessageHistory,
     set_privileges,
 )
-from tests.bodies.conftest import AVRO_SCHEMA, compile_orders_proto
 from tests.helpers import make_message, make_user
+from tests.helpers.bodies import AVRO_SCHEMA, compile_orders_proto
 
 pytestmark = pytest.mark.django_db
 

@@ -123,7 +123,7 @@ def test_the_record_of_an_edit_is_masked(client, viewer, operator, secret_messag
 
 
 def test_a_team_rule_masks_the_team_messages_only(client, viewer):
-    from tests.teams.test_scope import team
+    from tests.helpers.teams import team
 
     payments = team("payments", "pay.*")
     MaskRule.objects.create(team=payments, kind="regex", pattern=r"tok_live_[0-9a-f]+")

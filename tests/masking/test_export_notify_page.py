@@ -10,8 +10,8 @@ from django.utils import timezone
 from recovery.alerts.deliver import deliver_due, text_of
 from recovery.alerts.engine import evaluate
 from recovery.models import Activity, AlertRule, MaskRule, ReplayJob, set_privileges
-from tests.alerts.test_alerts import Receiver, webhook
 from tests.helpers import make_message, make_user
+from tests.helpers.alerts import Receiver, webhook
 
 pytestmark = pytest.mark.django_db
 

@@ -9,7 +9,7 @@ from django.utils import timezone
 from recovery.models import Activity, MaskRule, Membership, Unmask, set_privileges
 from recovery.search import index as search_index
 from tests.helpers import make_message, make_user
-from tests.teams.test_scope import team
+from tests.helpers.teams import team
 
 pytestmark = pytest.mark.django_db
 

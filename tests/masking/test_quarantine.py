@@ -5,7 +5,7 @@ viewer who sees metadata only."""
 import pytest
 
 from recovery.models import MaskRule, set_privileges
-from tests.collector.conftest import fill_quarantine
+from tests.helpers.collector import fill_quarantine
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

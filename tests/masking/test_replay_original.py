@@ -6,7 +6,8 @@ import json
 import pytest
 
 from recovery.models import MaskRule
-from tests.replay.conftest import dead_letters, declare_app_queue, drain
+from tests.helpers import declare_app_queue
+from tests.helpers.replay import dead_letters, drain
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

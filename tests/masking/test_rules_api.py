@@ -6,8 +6,8 @@ import json
 import pytest
 
 from recovery.models import Activity, MaskRule, Role, Team
-from tests.api.conftest import ApiClient
 from tests.helpers import make_message, make_user
+from tests.helpers.api import ApiClient
 
 pytestmark = pytest.mark.django_db
 

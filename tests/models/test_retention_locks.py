@@ -16,7 +16,7 @@ from recovery.collector.insert import store_rows
 from recovery.db import database_conninfo
 from recovery.models import Message, Status
 from recovery.models.retention import BATCH, apply_retention
-from tests.replay.conftest import dead_letter_row, store
+from tests.helpers.replay import dead_letter_row, store
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

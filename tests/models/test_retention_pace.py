@@ -10,7 +10,7 @@ from django.utils import timezone
 from recovery.models import Activity, Message, Status
 from recovery.models import retention as retention_module
 from recovery.models.retention import apply_retention
-from tests.replay.conftest import dead_letter_row, store
+from tests.helpers.replay import dead_letter_row, store
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

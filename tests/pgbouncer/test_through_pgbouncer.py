@@ -18,7 +18,7 @@ from recovery.models import Message, Status
 from recovery.replay.jobs import create_job
 from recovery.search.index import LOCK_KEY, index_new
 from tests.helpers import declare_app_queue, make_user, wait_for
-from tests.replay.conftest import dead_letters, drain, run
+from tests.helpers.replay import dead_letters, drain, run
 
 pytestmark = [pytest.mark.pgbouncer, pytest.mark.usefixtures("through_pgbouncer")]
 

@@ -14,8 +14,8 @@ from django.urls import reverse
 
 from recovery.models import Message, Status
 from recovery.replay.jobs import create_job
-from tests.helpers import make_message, publish, wait_for
-from tests.replay.conftest import dead_letters, declare_app_queue, run
+from tests.helpers import declare_app_queue, make_message, publish, wait_for
+from tests.helpers.replay import dead_letters, run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -19,14 +19,8 @@ from recovery.broker.management import Management
 from recovery.models import Activity, Message, ReplayJob, ReplayJobItem, Status
 from recovery.replay.jobs import create_job
 from tests.faults import TcpProxy
-from tests.helpers import wait_for
-from tests.replay.conftest import (
-    dead_letters,
-    declare_app_queue,
-    drain,
-    purge_tasks,
-    run_in_thread,
-)
+from tests.helpers import declare_app_queue, wait_for
+from tests.helpers.replay import dead_letters, drain, purge_tasks, run_in_thread
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -18,7 +18,8 @@ from recovery.replay import (
     restore_message,
 )
 from recovery.replay.jobs import create_job
-from tests.replay.conftest import dead_letters, declare_app_queue, drain, run
+from tests.helpers import declare_app_queue
+from tests.helpers.replay import dead_letters, drain, run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -9,10 +9,9 @@ from recovery.errors import StateError
 from recovery.models import Activity, Message, ReplayAttempt, ReplayJob, ReplayJobItem, Status
 from recovery.replay import discard_message, replay_message
 from recovery.replay.jobs import create_job, dry_run
-from tests.helpers import wait_for
-from tests.replay.conftest import (
+from tests.helpers import declare_app_queue, wait_for
+from tests.helpers.replay import (
     dead_letters,
-    declare_app_queue,
     drain,
     queue_depth,
     run,

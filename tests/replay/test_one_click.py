@@ -9,8 +9,9 @@ from django.core.exceptions import ValidationError
 from recovery.errors import StateError
 from recovery.models import Activity, Message, MessageEdit, ReplayAttempt, Status
 from recovery.replay import discard_message, edit_and_replay, replay_message, restore_message
-from tests.replay.conftest import dead_letters as stored_dead_letters
-from tests.replay.conftest import declare_app_queue, drain, queue_depth, store, unroutable_row
+from tests.helpers import declare_app_queue
+from tests.helpers.replay import dead_letters as stored_dead_letters
+from tests.helpers.replay import drain, queue_depth, store, unroutable_row
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -28,15 +28,8 @@ from recovery.models import (
 from recovery.replay.authority import LEFT_SCOPE, NOT_READABLE
 from recovery.replay.jobs import create_job, resume_job
 from recovery.replay.targets import NEEDS_FULL_READ
-from tests.helpers import make_message, make_user, wait_for
-from tests.replay.conftest import (
-    dead_letters,
-    declare_app_queue,
-    drain,
-    queue_depth,
-    run,
-    run_in_thread,
-)
+from tests.helpers import declare_app_queue, make_message, make_user, wait_for
+from tests.helpers.replay import dead_letters, drain, queue_depth, run, run_in_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

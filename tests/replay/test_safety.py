@@ -13,15 +13,8 @@ from recovery.models import Activity, Message, ReplayJob, ReplayJobItem, Status
 from recovery.replay.job_store import JobStore
 from recovery.replay.jobs import create_job, resume_stalled_jobs
 from recovery.replay.runner import JobRunner
-from tests.helpers import wait_for
-from tests.replay.conftest import (
-    dead_letters,
-    declare_app_queue,
-    drain,
-    populated,
-    run,
-    run_in_thread,
-)
+from tests.helpers import declare_app_queue, wait_for
+from tests.helpers.replay import dead_letters, drain, populated, run, run_in_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -15,7 +15,7 @@ from recovery.models import (
     Status,
 )
 from recovery.replay.job_store import JobStore
-from tests.replay.conftest import populated
+from tests.helpers.replay import populated
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -11,15 +11,8 @@ from recovery.models import Activity, Message, ReplayJob, ReplayJobItem, Status
 from recovery.models.retention import apply_retention
 from recovery.replay import discard_message
 from recovery.replay.jobs import create_job, resume_stalled_jobs
-from tests.helpers import point_celery_at, wait_for
-from tests.replay.conftest import (
-    dead_letters,
-    declare_app_queue,
-    drain,
-    purge_tasks,
-    queue_depth,
-    run,
-)
+from tests.helpers import declare_app_queue, point_celery_at, wait_for
+from tests.helpers.replay import dead_letters, drain, purge_tasks, queue_depth, run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -5,8 +5,8 @@ import pytest
 
 from recovery.models import Activity, Membership, Message, Scope, Status, Team, TeamScope
 from recovery.replay.jobs import create_job
-from tests.helpers import make_user
-from tests.replay.conftest import dead_letters, declare_app_queue, drain, run
+from tests.helpers import declare_app_queue, make_user
+from tests.helpers.replay import dead_letters, drain, run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -13,9 +13,9 @@ from recovery.client.headers import MAX_HEADER_DEPTH, UndecodableHeaders, nestin
 from recovery.models import Message, ReplayAttempt, ReplayJobItem, Status
 from recovery.replay import replay_message
 from recovery.replay.jobs import create_job
-from tests.api.conftest import make_message
-from tests.helpers import make_user
-from tests.replay.conftest import dead_letters, declare_app_queue, drain, run
+from tests.helpers import declare_app_queue, make_user
+from tests.helpers.api import make_message
+from tests.helpers.replay import dead_letters, drain, run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

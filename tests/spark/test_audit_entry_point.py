@@ -8,7 +8,7 @@ import pytest
 
 from spark import audit
 from spark.schema import STORE_EXPORT_SCHEMA
-from tests.spark.conftest import at, consume, dead_letter, publish
+from tests.helpers.spark import at, consume, dead_letter, publish
 
 pytestmark = pytest.mark.spark  # slow where a test needs the session (conftest.py)
 

@@ -13,7 +13,7 @@ from pyspark.sql import functions as F
 from spark.evidence import expected_by_segments
 from spark.expectations import SPAN_END, SPAN_START, segments
 from spark.metrics import warnings
-from tests.spark.conftest import DAY, at, consume, publish
+from tests.helpers.spark import DAY, at, consume, publish
 
 pytestmark = pytest.mark.spark  # slow where a test needs the session (conftest.py)
 

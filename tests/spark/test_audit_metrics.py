@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 
 from spark import metrics
 from spark.schema import topic_pattern_regex
-from tests.spark.conftest import DAY, at, consume, dead_letter, publish
+from tests.helpers.spark import DAY, at, consume, dead_letter, publish
 
 pytestmark = pytest.mark.spark  # slow where a test needs the session (conftest.py)
 

@@ -11,7 +11,7 @@ import pytest
 
 from spark import audit, metrics, rollup
 from spark.schema import CONSUMER_LOG_SCHEMA, PRODUCER_LOG_SCHEMA, STORE_EXPORT_SCHEMA, epoch_ms
-from tests.spark.conftest import (
+from tests.helpers.spark import (
     BINDINGS,
     DAY,
     DAY_MS,

@@ -6,8 +6,8 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from recovery.models import Activity, GroupMapping, Membership, Role, Team, role_of
-from tests.api.conftest import ApiClient
 from tests.helpers import make_user
+from tests.helpers.api import ApiClient
 from tests.sso.fixtures import provider_sign_in
 
 pytestmark = pytest.mark.django_db

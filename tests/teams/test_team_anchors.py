@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from recovery.models import Activity, Membership, MessageHistory, ReplayJob, Team, TeamScope
 from tests.helpers import make_message, make_user
-from tests.teams.test_team_matrix import console_urls
+from tests.helpers.teams import console_urls
 
 pytestmark = pytest.mark.django_db
 

@@ -17,7 +17,7 @@ import re
 import pytest
 from django.db import connection
 from django.test import Client
-from django.urls import URLPattern, URLResolver, get_resolver, resolve
+from django.urls import resolve
 from drf_spectacular.generators import SchemaGenerator
 
 from recovery.models import (
@@ -36,11 +36,8 @@ from recovery.models import (
     TeamScope,
 )
 from tests.helpers import make_message, make_user
+from tests.helpers.teams import A_BASE, A_GROUP, A_IDS, SHARED_RUN, console_urls, fill_url
 
-# Every object of team A gets an id from here on (each table's sequence is moved), so a
-# parameter filled with A_IDS names one of A's messages, jobs, rules, channels or users.
-A_BASE = 7_300_000
-A_IDS = [A_BASE + 1, A_BASE + 2, A_BASE + 3]
 A_QUEUE = "payments.cards"
 A_EXCHANGE = "payments"
 A_SECRETS = [
@@ -53,24 +50,6 @@ A_SECRETS = [
     "payments-ledger",
 ]
 B_QUEUE = "search.index"
-# A day's audit run is every team's (each sees its own windows of it): not one of A's ids.
-SHARED_RUN = 7_200_001
-A_GROUP = "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a"
-
-# How to fill a URL parameter, by name (console routes and API paths alike).
-PARAMETERS = {
-    "pk": [*A_IDS, SHARED_RUN],
-    "id": [*A_IDS, SHARED_RUN],
-    "path": ["v0/messages"],
-    "what": ["team", "scope", "member"],
-    "key": [A_GROUP],  # a failure group's page
-    # Django admin's own routes (staff only; team members are not staff).
-    "app_label": ["recovery"],
-    "object_id": [str(A_BASE + 1)],
-    "content_type_id": ["1"],
-    "url": ["recovery/"],
-}
-
 # What a write sends: every field name the console's forms and the API's requests use,
 # pointing at A's messages, queue and group.
 WRITE_FIELDS = {
@@ -214,47 +193,13 @@ def _snapshot():
     }
 
 
-def _fill(template, placeholder):
-    """Every way to fill ``template``'s parameters (``placeholder`` finds them)."""
-    names = re.findall(placeholder, template)
-    urls = [template]
-    for name in names:
-        assert name in PARAMETERS, f"no filling for URL parameter {name!r} in {template!r}"
-        urls = [
-            re.sub(placeholder.replace(r"(\w+)", re.escape(name)), str(value), url, count=1)
-            for url in urls
-            for value in PARAMETERS[name]
-        ]
-    return urls
-
-
-def console_urls(patterns=None, prefix=""):
-    """Every console URL pattern, recursively, as concrete paths."""
-    found = []
-    for entry in patterns if patterns is not None else get_resolver().url_patterns:
-        if isinstance(entry, URLResolver):
-            found += console_urls(entry.url_patterns, prefix + _pattern_text(entry))
-        elif isinstance(entry, URLPattern):
-            found += _fill(prefix + _pattern_text(entry), r"<(?:\w+:)?(\w+)>")
-    return found
-
-
-def _pattern_text(entry):
-    text = str(entry.pattern)
-    if hasattr(entry.pattern, "regex") and not hasattr(entry.pattern, "_route"):
-        text = text.lstrip("^").removesuffix("$").removesuffix(r"\Z")
-        text = re.sub(r"\(\?P<(\w+)>(?:[^()]|\([^()]*\))*\)", r"<\1>", text)
-        text = text.replace("\\", "")
-    return text
-
-
 def api_operations():
     schema = SchemaGenerator().get_schema(request=None, public=True)
     return [
         (method.upper(), url)
         for path, operations in schema["paths"].items()
         for method in operations
-        for url in _fill(path, r"\{(\w+)\}")
+        for url in fill_url(path, r"\{(\w+)\}")
     ]
 
 

@@ -19,7 +19,7 @@ from recovery.models import (
     TeamScope,
 )
 from tests.helpers import make_message, make_user
-from tests.teams.test_scope import member, team
+from tests.helpers.teams import member, team
 
 pytestmark = pytest.mark.django_db
 

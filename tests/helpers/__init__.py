@@ -1,5 +1,8 @@
-"""Helpers the test packages share: plain functions and classes tests import (pytest fixtures
-and hooks stay in tests/conftest.py, which imports what it needs from here)."""
+"""Helpers the test packages share: plain functions and classes tests import. pytest fixtures
+and hooks stay in the conftest.py files, which import what they need from here; no test module
+imports another test module or a conftest (tests/test_test_layout.py). The broker, store, user
+and process helpers every domain uses are here; one module each for a domain's own (collector,
+replay, api, bodies, client, spark, alerts, audit, teams)."""
 
 import itertools
 import os
