@@ -13,8 +13,8 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import generics, serializers
 
+from recovery.api.bases import Logged, StrictModelSerializer
 from recovery.api.params import StrictCharField, StrictIntegerField
-from recovery.api.teams import Logged, StrictModelSerializer
 from recovery.models import DecoderRule
 from recovery.models.decoders import SCHEMA_MAX_BYTES
 

@@ -8,7 +8,7 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import generics, serializers
 
-from recovery.api.teams import (
+from recovery.api.bases import (
     Logged,
     StrictModelSerializer,
     StrictTeamField,

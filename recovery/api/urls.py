@@ -1,9 +1,9 @@
-"""/api/v1/ — one module per resource (recovery/api/<resource>.py)."""
+"""/api/v1/ — one module per resource (recovery/api/<resource>.py; alerts/ is a package: its
+serializers and its views)."""
 
 from django.urls import path
 
 from recovery.api import (
-    alerts,
     audits,
     broker,
     decoders,
@@ -15,7 +15,9 @@ from recovery.api import (
     sso,
     teams,
     tokens,
+    uncovered,
 )
+from recovery.api.alerts import views as alerts
 
 urlpatterns = [
     path("messages", messages.MessageList.as_view(), name="api-messages"),
@@ -50,7 +52,7 @@ urlpatterns = [
         alerts.rotate_channel_secret,
         name="api-alert-channel-rotate",
     ),
-    path("uncovered-queues", alerts.uncovered_queues, name="api-uncovered"),
+    path("uncovered-queues", uncovered.uncovered_queues, name="api-uncovered"),
     path("broker", broker.broker, name="api-broker"),
     path("tokens", tokens.TokenList.as_view(), name="api-tokens"),
     path("tokens/<int:pk>/revoke", tokens.revoke_token, name="api-token-revoke"),

@@ -1,28 +1,17 @@
-"""alert-rules, alert-channels, uncovered-queues: what Lazarus watches, who it tells, and what
-it cannot see. Everyone reads rules and channels (a channel's target only admins; its errors
-with URLs cut to scheme and host for the rest); admins create, change, mute and delete rules,
-and create, change, disable, delete channels and rotate their secret (shown once, in the answer
-that made it). Definitions of the kinds and their params: docs/alerts.md and
-recovery/alerts/params.py."""
+"""What the alert-rules and alert-channels API takes and answers; the enums named in the
+schema (console/settings.py SPECTACULAR ENUM_NAME_OVERRIDES)."""
 
 import copy
 import datetime
 
-from django.shortcuts import get_object_or_404
-from django.utils import timezone
-from drf_spectacular.utils import extend_schema, extend_schema_field, extend_schema_view
-from rest_framework import generics, serializers
-from rest_framework.decorators import api_view, permission_classes
-from rest_framework.response import Response
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
 
 from recovery.alerts.params import params_problems, target_problems, vhost_problem
-from recovery.api.pagination import StrictCursorPagination
+from recovery.api.bases import StrictTeamField
 from recovery.api.params import StrictCharField, StrictIntegerField
-from recovery.api.permissions import RolePermission, requires
-from recovery.api.teams import StrictTeamField
-from recovery.broker.coverage import uncovered_everywhere
 from recovery.masking.policy import mask_for_display
-from recovery.models import Activity, AlertRule, NotificationChannel, Role, Team, has_role, scope_of
+from recovery.models import AlertRule, NotificationChannel, Role, Team, has_role
 from recovery.models.masking import MaskingRules
 
 
@@ -278,260 +267,13 @@ class ChannelWithSecretSerializer(ChannelSerializer):
         read_only_fields = fields
 
 
-class NewestFirst(StrictCursorPagination):
-    ordering = ("id",)
-
-
-class AdminWrites(RolePermission):
-    """Viewers read; creating, changing and deleting takes an admin."""
-
-    def has_permission(self, request, view):
-        if request.method not in ("GET", "HEAD", "OPTIONS"):
-            self.required = Role.ADMIN
-        return super().has_permission(request, view)
-
-
-@extend_schema(summary="Alert rules and their state (admins create)")
-class AlertRuleList(generics.ListCreateAPIView):
-    serializer_class = AlertRuleSerializer
-    pagination_class = NewestFirst
-    permission_classes = [AdminWrites]
-    team_scoped = True
-
-    def get_queryset(self):
-        return scope_of(self.request).owned(AlertRule.objects.prefetch_related("channels"))
-
-    def perform_create(self, serializer):
-        rule = serializer.save()
-        Activity.record(
-            self.request.user,
-            "alert_rule_created",
-            detail={"id": rule.pk, "name": rule.name},
-            via="api",
-            team=scope_of(self.request).acting_team,
-        )
-
-
-@extend_schema_view(
-    get=extend_schema(summary="One alert rule"),
-    patch=extend_schema(summary="Change an alert rule (admin): only the fields sent"),
-    delete=extend_schema(summary="Delete an alert rule with its history (admin)"),
-)
-class AlertRuleDetail(generics.RetrieveUpdateDestroyAPIView):
-    serializer_class = AlertRuleSerializer
-    permission_classes = [AdminWrites]
-    team_scoped = True
-    # PATCH only: a PUT that forgot a field would reset it.
-    http_method_names = ["get", "patch", "delete", "head", "options"]
-
-    def get_queryset(self):
-        return scope_of(self.request).owned(AlertRule.objects.prefetch_related("channels"))
-
-    def perform_update(self, serializer):
-        changed = sorted(set(self.request.data) & set(serializer.validated_data))
-        rule = serializer.save()
-        Activity.record(
-            self.request.user,
-            "alert_rule_changed",
-            detail={"id": rule.pk, "name": rule.name, "fields": changed},
-            via="api",
-            team=scope_of(self.request).acting_team,
-        )
-
-    def perform_destroy(self, rule):
-        Activity.record(
-            self.request.user,
-            "alert_rule_deleted",
-            detail={"id": rule.pk, "name": rule.name},
-            via="api",
-            team=scope_of(self.request).acting_team,
-        )
-        rule.delete()
-
-
 class MuteSerializer(serializers.Serializer):
     minutes = StrictIntegerField(min_value=1, max_value=30 * 24 * 60, help_text="how long")
 
 
-@extend_schema(
-    summary="Mute an alert rule for a while (admin)",
-    request=MuteSerializer,
-    responses=AlertRuleSerializer,
-    description="A muted rule keeps its state and history and notifies nobody until then.",
-)
-@api_view(["POST"])
-@permission_classes([requires(Role.ADMIN)])
-def mute_rule(request, pk):
-    rule = get_object_or_404(AlertRule, pk=pk)
-    body = MuteSerializer(data=request.data)
-    body.is_valid(raise_exception=True)
-    minutes = body.validated_data["minutes"]
-    rule.muted_until = timezone.now() + datetime.timedelta(minutes=minutes)
-    rule.save(update_fields=["muted_until"])
-    Activity.record(
-        request.user,
-        "alert_rule_muted",
-        detail={"id": rule.pk, "name": rule.name, "minutes": minutes},
-        via="api",
-        team=scope_of(request).acting_team,
-    )
-    return Response(AlertRuleSerializer(rule, context={"request": request}).data)
-
-
-@extend_schema(summary="Unmute an alert rule (admin)", request=None, responses=AlertRuleSerializer)
-@api_view(["POST"])
-@permission_classes([requires(Role.ADMIN)])
-def unmute_rule(request, pk):
-    rule = get_object_or_404(AlertRule, pk=pk)
-    rule.muted_until = None
-    rule.save(update_fields=["muted_until"])
-    Activity.record(
-        request.user,
-        "alert_rule_muted",
-        detail={"id": rule.pk, "name": rule.name, "minutes": 0},
-        via="api",
-        team=scope_of(request).acting_team,
-    )
-    return Response(AlertRuleSerializer(rule, context={"request": request}).data)
-
-
-@extend_schema_view(
-    get=extend_schema(summary="Notification channels (target: admins only)"),
-    post=extend_schema(
-        summary="Create a notification channel (admin); the answer shows its secret once",
-        request=ChannelWriteSerializer,
-        responses={201: ChannelWithSecretSerializer},
-    ),
-)
-class ChannelList(generics.ListCreateAPIView):
-    serializer_class = ChannelSerializer
-    pagination_class = NewestFirst
-    permission_classes = [AdminWrites]
-    team_scoped = True
-
-    def get_queryset(self):
-        return scope_of(self.request).owned(NotificationChannel.objects.all())
-
-    def create(self, request, *args, **kwargs):
-        body = ChannelWriteSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        channel = body.save()
-        Activity.record(
-            request.user,
-            "channel_created",
-            detail={"id": channel.pk, "name": channel.name},
-            via="api",
-            team=scope_of(request).acting_team,
-        )
-        answer = ChannelWithSecretSerializer(channel, context={"request": request})
-        return Response(answer.data, status=201)
-
-
-@extend_schema_view(
-    get=extend_schema(summary="One notification channel (target: admins only)"),
-    patch=extend_schema(
-        summary="Change a channel (admin): name, target, enabled (false: disabled)",
-        request=ChannelWriteSerializer,
-        responses=ChannelSerializer,
-    ),
-    delete=extend_schema(summary="Delete a channel with its notifications (admin)"),
-)
-class ChannelDetail(generics.RetrieveUpdateDestroyAPIView):
-    serializer_class = ChannelSerializer
-    permission_classes = [AdminWrites]
-    team_scoped = True
-    http_method_names = ["get", "patch", "delete", "head", "options"]
-
-    def get_queryset(self):
-        return scope_of(self.request).owned(NotificationChannel.objects.all())
-
-    def update(self, request, *args, **kwargs):
-        channel = self.get_object()
-        body = ChannelWriteSerializer(channel, data=request.data, partial=True)
-        body.is_valid(raise_exception=True)
-        changed = sorted(set(body.validated_data))
-        body.save()
-        Activity.record(
-            request.user,
-            "channel_changed",
-            detail={"id": channel.pk, "name": channel.name, "fields": changed},
-            via="api",
-            team=scope_of(request).acting_team,
-        )
-        return Response(ChannelSerializer(channel, context={"request": request}).data)
-
-    def perform_destroy(self, channel):
-        Activity.record(
-            self.request.user,
-            "channel_deleted",
-            detail={"id": channel.pk, "name": channel.name},
-            via="api",
-            team=scope_of(self.request).acting_team,
-        )
-        channel.delete()
-
-
-@extend_schema(
-    summary="Rotate a channel's signing secret (admin); the answer shows it once",
-    request=None,
-    responses=ChannelWithSecretSerializer,
-    description="The old secret stops signing at once: receivers must switch to the new one.",
-)
-@api_view(["POST"])
-@permission_classes([requires(Role.ADMIN)])
-def rotate_channel_secret(request, pk):
-    channel = get_object_or_404(NotificationChannel, pk=pk)
-    channel.rotate_secret()
-    Activity.record(
-        request.user,
-        "channel_secret_rotated",
-        detail={"id": channel.pk, "name": channel.name},
-        via="api",
-        team=scope_of(request).acting_team,
-    )
-    return Response(ChannelWithSecretSerializer(channel, context={"request": request}).data)
-
-
-UNCOVERED_KINDS = ("queue", "exchange")
 AlertKind = AlertRule.Kind
 ChannelKind = NotificationChannel.Kind
 # A rule's state (ok, firing, unknown) and the last state a check decided (ok, firing): enums
 # named in the schema (console/settings.py SPECTACULAR ENUM_NAME_OVERRIDES).
 AlertRuleState = AlertRule.State
 ALERT_KNOWN_STATES = AlertRule.State.choices[:2]
-
-
-class UncoveredSerializer(serializers.Serializer):
-    vhost = serializers.CharField()
-    kind = serializers.ChoiceField(choices=UNCOVERED_KINDS)
-    name = serializers.CharField()
-    problem = serializers.ChoiceField(
-        choices=[
-            "no_dead_letter_exchange",
-            "dead_letters_elsewhere",
-            "dead_letters_at_most_once",
-            "no_alternate_exchange",
-            "recovery_delivery_limit",
-            "delivery_limit_unknown",
-        ]
-    )
-    detail = serializers.CharField()
-    fix = serializers.CharField()
-    policy = serializers.CharField(help_text="the queue's own policy that hides Lazarus's")
-
-
-class UncoveredResponse(serializers.Serializer):
-    results = UncoveredSerializer(many=True)
-    unreachable = serializers.ListField(
-        child=serializers.CharField(), help_text="vhosts it could not look at, with the error"
-    )
-
-
-@extend_schema(
-    summary="Queues and exchanges Lazarus cannot collect from", responses=UncoveredResponse
-)
-@api_view(["GET"])
-@permission_classes([requires(Role.VIEWER)])
-def uncovered_queues(request):
-    rows, unreachable = uncovered_everywhere()
-    return Response({"results": [r.as_dict() for r in rows], "unreachable": unreachable})
