@@ -25,21 +25,9 @@ from recovery.models import (
 from recovery.replay.jobs import create_job
 from recovery.replay.selection import job_queryset, scoped_job_queryset
 from tests.helpers import make_message, make_user
+from tests.helpers.teams import member, team
 
 pytestmark = pytest.mark.django_db
-
-
-def team(name, *patterns, vhost="/"):
-    made = Team.objects.create(name=name)
-    for pattern in patterns:
-        TeamScope.objects.create(team=made, vhost=vhost, queue_pattern=pattern)
-    return made
-
-
-def member(username, of, role="operator", global_role=None):
-    user = make_user(username, global_role)
-    Membership.objects.create(user=user, team=of, role=role)
-    return user
 
 
 def test_it_translates_globs_the_same_for_postgresql_and_python():
