@@ -56,7 +56,7 @@ def search(text):
 
 
 @pytest.fixture
-def stored(collector, amqp):
+def each_kind(collector, amqp):
     declare_app_queue(amqp, "app.readable")
     for message_id, (content_type, encoding, body, _chain) in KINDS.items():
         publish(
@@ -82,9 +82,9 @@ def stored(collector, amqp):
     return {m.message_id: m for m in Message.objects.filter(source_queue="app.readable")}
 
 
-def test_each_kind_is_stored_as_sent_and_found_by_a_value_inside(stored):
+def test_each_kind_is_stored_as_sent_and_found_by_a_value_inside(each_kind):
     for message_id, (_ct, _enc, body, _chain) in KINDS.items():
-        assert stored[message_id].body_bytes == body  # the stored bytes never change
+        assert each_kind[message_id].body_bytes == body  # the stored bytes never change
     assert search_index.index_new() >= len(KINDS)
     assert search("ord-gzip-1") == ["gzip-json"]
     assert search("ord-zstd-2") == ["zstd-msgpack"]
@@ -93,20 +93,20 @@ def test_each_kind_is_stored_as_sent_and_found_by_a_value_inside(stored):
     assert search("Quartermaine") == sorted(KINDS)
 
 
-def test_the_console_shows_each_decoded_with_its_chain_and_the_raw_bytes(stored, client, viewer):
+def test_the_console_shows_each_decoded_with_its_chain_and_the_raw_bytes(each_kind, client, viewer):
     client.force_login(viewer)
     for message_id, (_ct, _enc, _body, chain) in KINDS.items():
-        page = client.get(f"/messages/{stored[message_id].pk}/").content.decode()
+        page = client.get(f"/messages/{each_kind[message_id].pk}/").content.decode()
         assert f'id="body-chain">{chain}<' in page, message_id
         assert "Zoë Quartermaine" in page and 'id="body-hex"' in page
         assert 'id="body-decode-error"' not in page
 
 
 def test_the_api_returns_raw_bytes_by_default_and_the_decoded_document_on_request(
-    stored, api, viewer
+    each_kind, api, viewer
 ):
     client = api.as_user(viewer)
-    message = stored["zstd-msgpack"]
+    message = each_kind["zstd-msgpack"]
     raw = client.get(f"/api/v1/messages/{message.pk}/body")
     assert raw["Content-Type"] == "application/octet-stream"
     assert raw.content == KINDS["zstd-msgpack"][2]

@@ -33,7 +33,7 @@ def masked():
 
 
 @pytest.fixture
-def stored():
+def secret_and_plain():
     secret = make_message(
         body=json.dumps({"pan": SECRET}).encode(),
         headers={"x-note": SECRET},
@@ -43,8 +43,10 @@ def stored():
     return secret, plain
 
 
-def test_metadata_only_sees_queue_reason_and_headers_but_no_body(client, metadata_only, stored):
-    secret, _ = stored
+def test_metadata_only_sees_queue_reason_and_headers_but_no_body(
+    client, metadata_only, secret_and_plain
+):
+    secret, _ = secret_and_plain
     MaskRule.objects.create(kind="header", pattern="x-note")
     client.force_login(metadata_only)
     page = client.get(f"/messages/{secret.pk}/").content.decode()
@@ -54,8 +56,8 @@ def test_metadata_only_sees_queue_reason_and_headers_but_no_body(client, metadat
     assert not Activity.objects.filter(action="body_view").exists()
 
 
-def test_metadata_only_gets_no_body_from_the_api(api, metadata_only, stored):
-    secret, _ = stored
+def test_metadata_only_gets_no_body_from_the_api(api, metadata_only, secret_and_plain):
+    secret, _ = secret_and_plain
     data = api.as_user(metadata_only).get(f"/api/v1/messages/{secret.pk}").json()
     assert data["body_base64"] is None and data["body_text"] is None
     assert data["body_withheld"]
@@ -79,8 +81,10 @@ def _searches(client, api, term):
 
 
 @pytest.mark.parametrize("indexed", [False, True])
-def test_search_is_no_oracle_for_metadata_only(client, api, metadata_only, stored, indexed):
-    secret, _ = stored
+def test_search_is_no_oracle_for_metadata_only(
+    client, api, metadata_only, secret_and_plain, indexed
+):
+    secret, _ = secret_and_plain
     if indexed:
         search_index.index_new()
     client.force_login(metadata_only)
@@ -92,7 +96,7 @@ def test_search_is_no_oracle_for_metadata_only(client, api, metadata_only, store
     assert len(client.get("/messages/", {"q": secret.message_id}).context["messages_page"]) == 1
 
 
-def test_a_body_reader_still_finds_by_content(client, api, reader, stored):
+def test_a_body_reader_still_finds_by_content(client, api, reader, secret_and_plain):
     client.force_login(reader)
     api.as_user(reader)
     assert _searches(client, api, SECRET) == (1, 1, 1, 1)
@@ -111,8 +115,8 @@ def test_a_team_without_bodies_cannot_search_its_contents(client):
     assert [m.pk for m in listed] == [readable.pk]
 
 
-def test_unmask_needs_the_privilege_and_a_reason(client, reader, stored):
-    secret, _ = stored
+def test_unmask_needs_the_privilege_and_a_reason(client, reader, secret_and_plain):
+    secret, _ = secret_and_plain
     masked()
     client.force_login(reader)
     assert client.post(f"/messages/{secret.pk}/unmask", {"reason": "x"}).status_code == 403
@@ -123,8 +127,8 @@ def test_unmask_needs_the_privilege_and_a_reason(client, reader, stored):
     assert SECRET not in page and 'id="unmask-form"' in page
 
 
-def test_an_unmask_shows_the_body_until_it_expires(client, reader, stored, settings):
-    secret, other = stored
+def test_an_unmask_shows_the_body_until_it_expires(client, reader, secret_and_plain, settings):
+    secret, other = secret_and_plain
     masked()
     set_privileges(reader, unmask=True)
     client.force_login(reader)
@@ -143,8 +147,10 @@ def test_an_unmask_shows_the_body_until_it_expires(client, reader, stored, setti
     assert other.pk != secret.pk
 
 
-def test_edit_and_replay_of_a_masked_message_needs_the_unmasked_view(client, reader, stored):
-    secret, _ = stored
+def test_edit_and_replay_of_a_masked_message_needs_the_unmasked_view(
+    client, reader, secret_and_plain
+):
+    secret, _ = secret_and_plain
     masked()
     client.force_login(reader)
     response = client.get(f"/messages/{secret.pk}/edit", follow=True)
@@ -152,8 +158,10 @@ def test_edit_and_replay_of_a_masked_message_needs_the_unmasked_view(client, rea
     assert client.post(f"/messages/{secret.pk}/edit", {"headers": "{}"}).status_code == 302
 
 
-def test_the_api_unmask_needs_the_privilege_a_reason_and_then_answers_unmasked(api, reader, stored):
-    secret, _ = stored
+def test_the_api_unmask_needs_the_privilege_a_reason_and_then_answers_unmasked(
+    api, reader, secret_and_plain
+):
+    secret, _ = secret_and_plain
     masked()
     api.as_user(reader)
     url = f"/api/v1/messages/{secret.pk}"
@@ -169,8 +177,8 @@ def test_the_api_unmask_needs_the_privilege_a_reason_and_then_answers_unmasked(a
     assert logged.via == "api" and logged.user == reader
 
 
-def test_an_api_edit_of_a_masked_message_needs_the_unmasked_view(api, reader, stored):
-    secret, _ = stored
+def test_an_api_edit_of_a_masked_message_needs_the_unmasked_view(api, reader, secret_and_plain):
+    secret, _ = secret_and_plain
     masked()
     api.as_user(reader)
     edit = {"body_text": '{"pan": "[masked]"}', "queue": "nowhere"}
@@ -199,8 +207,10 @@ def test_me_says_which_privileges_a_caller_holds(api, metadata_only):
     assert api.as_user(metadata_only).get("/api/v1/me").json()["privileges"] == ["export"]
 
 
-def test_metadata_only_gets_no_body_on_a_groups_page_or_in_compare(client, metadata_only, stored):
-    secret, plain = stored
+def test_metadata_only_gets_no_body_on_a_groups_page_or_in_compare(
+    client, metadata_only, secret_and_plain
+):
+    secret, plain = secret_and_plain
     client.force_login(metadata_only)
     group = client.get(f"/groups/{secret.group_key}/").content.decode()
     assert SECRET not in group and "(metadata only: no body)" in group
@@ -211,8 +221,10 @@ def test_metadata_only_gets_no_body_on_a_groups_page_or_in_compare(client, metad
     assert not Activity.objects.filter(action="body_view").exists()
 
 
-def test_previous_and_next_are_no_search_oracle_for_metadata_only(client, metadata_only, stored):
-    secret, plain = stored
+def test_previous_and_next_are_no_search_oracle_for_metadata_only(
+    client, metadata_only, secret_and_plain
+):
+    secret, plain = secret_and_plain
     client.force_login(metadata_only)
     page = client.get(f"/messages/{plain.pk}/", {"back": f"q={SECRET}"}).content.decode()
     # The secret message is newer than nothing and older than nothing in a list that finds

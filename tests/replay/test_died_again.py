@@ -12,22 +12,13 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from recovery.models import Message, Status
+from recovery.models import Status
 from recovery.replay.jobs import create_job
 from tests.helpers import declare_app_queue, make_message, publish, wait_for
+from tests.helpers.collector import stored
 from tests.helpers.replay import dead_letters, run
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def stored(count, **filters):
-    """The first ``count`` messages matching ``filters`` (oldest first), once collected."""
-
-    def found():
-        rows = list(Message.objects.filter(**filters).order_by("id"))
-        return rows if len(rows) >= count else None
-
-    return wait_for(found, message=f"{count} stored message(s) matching {filters}")
 
 
 def row_of(html, pk):
