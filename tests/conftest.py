@@ -13,7 +13,8 @@ import pytest
 from django.conf import settings
 
 from recovery.broker.management import Management
-from tests.helpers import make_user, point_celery_at, token_for
+from tests.helpers import make_user, point_celery_at
+from tests.helpers.api import ApiClient
 
 # Every JVM the tests start (spark-submit's driver, the in-process SparkSession, a standalone
 # cluster's master and worker) compiles with C1 only and collects with the serial collector: a
@@ -173,6 +174,9 @@ def fast_password_hashing(settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+# Personas: one user per role (make_user), and API clients (tests.helpers.api.ApiClient).
+
+
 @pytest.fixture
 def viewer(db):
     return make_user("vera", "viewer")
@@ -189,18 +193,36 @@ def admin_user(db):
 
 
 @pytest.fixture
+def nobody(db):
+    """A user with no role (and no team)."""
+    return make_user("nils", None)
+
+
+@pytest.fixture
 def api(client):
-    """A Django test client that sends a token: ``api.as_user(user).post(...)``."""
+    """The API client, anonymous until ``api.as_user(user)`` (a fresh token of that user)."""
+    return ApiClient(client)
 
-    class Api:
-        def as_user(self, user):
-            self.headers = {"HTTP_AUTHORIZATION": f"Token {token_for(user)}"}
-            return self
 
-        def get(self, path, **params):
-            return client.get(path, params, **self.headers)
+@pytest.fixture
+def api_as(client):
+    """``api_as(user)`` -> an API client with a fresh token of that user; ``api_as(None)``
+    anonymous."""
+    return lambda user: ApiClient(client, user)
 
-        def post(self, path, data=None):
-            return client.post(path, data or {}, content_type="application/json", **self.headers)
 
-    return Api()
+@pytest.fixture
+def admin_api(api_as, admin_user):
+    return api_as(admin_user)
+
+
+@pytest.fixture
+def viewer_api(api_as, db):
+    """A viewer's API client (a viewer of its own, ``v``: not ``viewer``)."""
+    return api_as(make_user("v", "viewer"))
+
+
+@pytest.fixture
+def operator_api(api_as, db):
+    """An operator's API client (an operator of its own, ``o``: not ``operator``)."""
+    return api_as(make_user("o", "operator"))

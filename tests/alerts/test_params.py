@@ -56,7 +56,7 @@ def test_it_refuses_bad_params_through_the_api(api, client, kind, raw):
     admin = make_user("params-admin", "admin")
     body = f'{{"name": "bad", "kind": "{kind}", "params": {raw}}}'
     response = client.post(
-        "/api/v1/alert-rules", body, content_type="application/json", **api.as_user(admin).headers
+        "/api/v1/alert-rules", body, content_type="application/json", **api.as_user(admin).headers()
     )
     assert response.status_code == 400, response.content
     assert "params" in response.content.decode()

@@ -1,25 +1,7 @@
-"""API test helpers: a token client that can send any header, and store rows built in code."""
+"""API test fixtures (the API client and the personas are tests/conftest.py's; the helpers
+tests/helpers/api.py's)."""
 
 import pytest
-
-from tests.helpers import make_user
-from tests.helpers.api import ApiClient
-
-
-@pytest.fixture
-def api_as(client):
-    """``api_as(user)`` -> a client with a fresh token of that user; ``api_as(None)`` anonymous."""
-    return lambda user: ApiClient(client, user)
-
-
-@pytest.fixture
-def viewer_api(api_as, db):
-    return api_as(make_user("v", "viewer"))
-
-
-@pytest.fixture
-def operator_api(api_as, db):
-    return api_as(make_user("o", "operator"))
 
 
 @pytest.fixture
@@ -29,8 +11,3 @@ def app_queue(amqp):
     amqp.queue_declare(name, durable=True)
     amqp.queue_purge(name)
     return name
-
-
-@pytest.fixture
-def nobody(db):
-    return make_user("nils", None)

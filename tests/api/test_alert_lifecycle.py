@@ -9,7 +9,6 @@ import yaml
 from django.utils import timezone
 
 from recovery.models import Activity, AlertRule, Notification, NotificationChannel
-from tests.helpers import make_user
 
 pytestmark = pytest.mark.django_db
 
@@ -22,11 +21,6 @@ def call(api_client, method, path, data=None):
     send = getattr(api_client.client, method.lower())
     body = json.dumps(data) if data is not None else ""
     return send(path, body, content_type="application/json", **api_client.headers())
-
-
-@pytest.fixture
-def admin_api(api_as):
-    return api_as(make_user("alert-admin", "admin"))
 
 
 def test_it_changes_mutes_unmutes_and_deletes_a_rule(admin_api, operator_api, viewer_api):

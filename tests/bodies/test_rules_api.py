@@ -8,17 +8,11 @@ import pytest
 
 from recovery.models import Activity, DecoderRule, Role
 from tests.helpers import make_message, make_user
-from tests.helpers.api import ApiClient
 
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def admin_api(client):
-    return ApiClient(client, make_user("ada", Role.ADMIN))
-
-
-def test_a_protobuf_rule_added_through_the_api_decodes_the_next_read(client, admin_api, proto):
+def test_a_protobuf_rule_added_through_the_api_decodes_the_next_read(api_as, admin_api, proto):
     descriptor_set, classes = proto
     order = classes["OrderCreated"](order_id="ord-api-5", amount=3.5)
     message = make_message(
@@ -27,7 +21,7 @@ def test_a_protobuf_rule_added_through_the_api_decodes_the_next_read(client, adm
         content_type="application/x-protobuf",
         properties={"type": "orders.v1.OrderCreated", "delivery_mode": 2},
     )
-    reader = ApiClient(client, make_user("vic", Role.VIEWER))
+    reader = api_as(make_user("vic", Role.VIEWER))
     # Nothing says how to read it yet: no decoded document (its field names are not in the bytes).
     before = reader.get(f"/api/v1/messages/{message.pk}/body", {"decoded": "true"})
     assert b"amount" not in before.content

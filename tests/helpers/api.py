@@ -11,14 +11,21 @@ from tests import helpers
 
 
 class ApiClient:
-    """Django's test client speaking JSON with ``Authorization: Token …`` (or nothing)."""
+    """The API tests' one client: Django's test client speaking JSON with ``Authorization: Token
+    …`` of a fresh token of ``user`` (or nothing). The fixtures: ``api_as(user)``, a client per
+    user; ``api``, anonymous until ``api.as_user(user)`` (tests/conftest.py)."""
 
     def __init__(self, client, user=None):
         self.client = client
-        self.user = user
-        self.raw_token = None
+        self.user = self.token = self.raw_token = None
         if user is not None:
-            self.token, self.raw_token = ApiToken.issue(user)
+            self.as_user(user)
+
+    def as_user(self, user):
+        """From now on, a fresh token of ``user``; returns this client."""
+        self.user = user
+        self.token, self.raw_token = ApiToken.issue(user)
+        return self
 
     def headers(self, extra=None):
         headers = {"HTTP_AUTHORIZATION": f"Token {self.raw_token}"} if self.raw_token else {}
@@ -26,8 +33,9 @@ class ApiClient:
             headers["HTTP_" + name.upper().replace("-", "_")] = value
         return headers
 
-    def get(self, path, params=None, headers=None):
-        return self.client.get(path, params or {}, **self.headers(headers))
+    def get(self, path, params=None, headers=None, **query):
+        """GET ``path``; its query string is ``params`` (a dict) and ``query`` (keywords)."""
+        return self.client.get(path, {**(params or {}), **query}, **self.headers(headers))
 
     def post(self, path, data=None, headers=None):
         return self.client.post(

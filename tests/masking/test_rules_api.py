@@ -7,7 +7,6 @@ import pytest
 
 from recovery.models import Activity, MaskRule, Role, Team
 from tests.helpers import make_message, make_user
-from tests.helpers.api import ApiClient
 
 pytestmark = pytest.mark.django_db
 
@@ -15,13 +14,8 @@ CARD = "4111111111111111"
 
 
 @pytest.fixture
-def admin_api(client):
-    return ApiClient(client, make_user("ada", Role.ADMIN))
-
-
-@pytest.fixture
-def reader(client):
-    return ApiClient(client, make_user("vic", Role.VIEWER))
+def reader(api_as):
+    return api_as(make_user("vic", Role.VIEWER))
 
 
 def test_a_rule_added_through_the_api_masks_the_next_read_and_is_logged(admin_api, reader):

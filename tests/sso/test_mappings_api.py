@@ -6,16 +6,9 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from recovery.models import Activity, GroupMapping, Membership, Role, Team, role_of
-from tests.helpers import make_user
-from tests.helpers.api import ApiClient
 from tests.sso.fixtures import provider_sign_in
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def admin_api(client):
-    return ApiClient(client, make_user("ada", Role.ADMIN))
 
 
 def test_a_mapping_made_through_the_api_gives_its_role_at_the_next_sign_in(client, admin_api, sso):
