@@ -15,6 +15,7 @@ from django.conf import settings
 from recovery.broker.management import Management
 from tests.helpers import make_user, point_celery_at
 from tests.helpers.api import ApiClient
+from tests.helpers.teams import member, team
 
 # Every JVM the tests start (spark-submit's driver, the in-process SparkSession, a standalone
 # cluster's master and worker) compiles with C1 only and collects with the serial collector: a
@@ -174,7 +175,8 @@ def fast_password_hashing(settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
-# Personas: one user per role (make_user), and API clients (tests.helpers.api.ApiClient).
+# Personas: one user per global role and team members (make_user, tests.helpers.teams.member),
+# and API clients (tests.helpers.api.ApiClient).
 
 
 @pytest.fixture
@@ -196,6 +198,24 @@ def admin_user(db):
 def nobody(db):
     """A user with no role (and no team)."""
     return make_user("nils", None)
+
+
+@pytest.fixture
+def payments_team(db):
+    """A team: payments, its queues pay.* on vhost /."""
+    return team("payments", "pay.*")
+
+
+@pytest.fixture
+def team_viewer(payments_team):
+    """payer: a viewer of the payments team, with no global role."""
+    return member("payer", payments_team, role="viewer")
+
+
+@pytest.fixture
+def team_operator(payments_team):
+    """pia: an operator of the payments team, with no global role."""
+    return member("pia", payments_team)
 
 
 @pytest.fixture

@@ -122,10 +122,8 @@ def test_the_record_of_an_edit_is_masked(client, viewer, operator, secret_messag
     assert_no_secret(page)
 
 
-def test_a_team_rule_masks_the_team_messages_only(client, viewer):
-    from tests.helpers.teams import team
-
-    payments = team("payments", "pay.*")
+def test_a_team_rule_masks_the_team_messages_only(client, viewer, payments_team):
+    payments = payments_team
     MaskRule.objects.create(team=payments, kind="regex", pattern=r"tok_live_[0-9a-f]+")
     theirs = make_message(source_queue="pay.cards", body=f"t={TOKEN}".encode())
     other = make_message(source_queue="hr.payroll", body=f"t={TOKEN}".encode())

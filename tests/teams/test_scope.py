@@ -107,10 +107,11 @@ def test_a_team_token_is_narrower_never_wider():
     assert Scope.of(user, token.team_id).role is None  # left the team: the token does nothing
 
 
-def test_a_job_selects_in_scope_and_leaves_out_what_left_it_by_the_time_it_runs(settings):
+def test_a_job_selects_in_scope_and_leaves_out_what_left_it_by_the_time_it_runs(
+    settings, payments_team, team_operator
+):
     settings.CELERY_TASK_ALWAYS_EAGER = False
-    payments = team("payments", "pay.*")
-    user = member("payer", payments)
+    payments, user = payments_team, team_operator
     mine = [make_message(source_queue="pay.cards") for _ in range(3)]
     theirs = make_message(source_queue="hr.payroll")
     with pytest.raises(ValidationError):

@@ -19,20 +19,15 @@ from recovery.models import (
     TeamScope,
 )
 from tests.helpers import make_message, make_user
-from tests.helpers.teams import member, team
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def stores():
-    payments = Team.objects.create(name="payments")
-    TeamScope.objects.create(team=payments, queue_pattern="pay.*")
+def stores(payments_team, team_viewer):
     mine = [make_message(source_queue="pay.cards") for _ in range(2)]
     theirs = [make_message(source_queue="hr.payroll", body=b"salary") for _ in range(3)]
-    payer = make_user("payer", None)
-    Membership.objects.create(user=payer, team=payments, role="viewer")
-    return {"team": payments, "mine": mine, "theirs": theirs, "payer": payer}
+    return {"team": payments_team, "mine": mine, "theirs": theirs, "payer": team_viewer}
 
 
 def test_a_member_sees_their_own_figures_and_messages(client, stores):
@@ -232,12 +227,13 @@ def test_a_member_sees_the_audit_of_their_exchanges_and_groups_only(client, stor
     assert seen["outcome"] == "succeeded_with_warnings"  # never a plain success
 
 
-def test_a_team_sees_its_own_history_and_bodies_and_not_the_broker_wide_pages(client, api):
+def test_a_team_sees_its_own_history_and_bodies_and_not_the_broker_wide_pages(
+    client, api, team_operator
+):
     """History rows and the API's body endpoint are narrowed like the messages; the broker-wide
     pages (broker, quarantine) are not in a team member's menu and refuse them."""
 
-    payments = team("payments", "pay.*")
-    user = member("pia", payments)
+    user = team_operator
     ours = make_message(source_queue="pay.cards", message_id="ours-1", body=b"ours")
     theirs = make_message(source_queue="hr.payroll", message_id="theirs-1", body=b"theirs")
     for message in (ours, theirs):
