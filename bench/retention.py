@@ -45,8 +45,8 @@ from django.db import connection, transaction  # noqa: E402
 from bench import collector as drain_bench  # noqa: E402  (sets up Django on BENCH_DB)
 from recovery.broker.management import Management  # noqa: E402
 from recovery.broker.topology import wire  # noqa: E402
-from recovery.models import retention  # noqa: E402
-from recovery.models.retention import BATCH, apply_retention  # noqa: E402
+from recovery.retention import run as retention  # noqa: E402
+from recovery.retention.run import BATCH, apply_retention  # noqa: E402
 
 BENCH_DB = drain_bench.BENCH_DB
 DAYS = 30

@@ -13,7 +13,8 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 # Every beat entry's task must live in one of them (tests/test_health_and_worker.py checks it in
 # a fresh interpreter).
 TASK_PACKAGES = [
-    "recovery.models",  # the store: retention, folding the counts
+    "recovery.models",  # the store: folding the counts
+    "recovery.retention",
     "recovery.collector",
     "recovery.replay",
     "recovery.audit",
@@ -75,7 +76,10 @@ def search_index_seconds():
 
 
 app.conf.beat_schedule = {
-    "retention": {"task": "recovery.models.tasks.apply_retention", "schedule": crontab(minute=17)},
+    "retention": {
+        "task": "recovery.retention.tasks.apply_retention",
+        "schedule": crontab(minute=17),
+    },
     "nightly-audit": {"task": "recovery.audit.tasks.nightly_audit", "schedule": nightly_at()},
     # Tell someone (recovery/alerts/): rules evaluated, then the outbox delivered; a tick not
     # started within its period is dropped, the next one covers it.

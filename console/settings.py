@@ -458,7 +458,7 @@ REPLAY_CONFIRM_TIMEOUT_SECONDS = env_float("REPLAY_CONFIRM_TIMEOUT_SECONDS", 30.
 POISON_THRESHOLD = env_int("POISON_THRESHOLD", 3, minimum=1)
 RETENTION_DAYS = env_int("RETENTION_DAYS", 30, minimum=1)
 # Retention is housekeeping: it works at most this share of its run's time and pauses the rest,
-# so the collector and the pages keep the machine (recovery.models.retention; at 10M stored,
+# so the collector and the pages keep the machine (recovery.retention.run; at 10M stored,
 # deleting at full speed left a collector draining a flood 0.55 of its rate: docs/big-store.md).
 RETENTION_DUTY = env_float("RETENTION_DUTY", 0.25)
 if not 0 < RETENTION_DUTY <= 1:
@@ -468,7 +468,7 @@ RETENTION_BUDGET_SECONDS = env_int("RETENTION_BUDGET_SECONDS", 45 * 60, minimum=
 # What was done to each message (recovery.models.history) outlives the message: kept this long.
 HISTORY_DAYS = env_int("HISTORY_DAYS", 400, minimum=1)
 # Where retention writes what it deletes first (gzip JSON Lines, one file per vhost and day:
-# recovery.models.archive); empty: it deletes without an archive.
+# recovery.retention.archive); empty: it deletes without an archive.
 RETENTION_ARCHIVE_DIR = os.environ.get("RETENTION_ARCHIVE_DIR", "")
 # Bulk replay engine (recovery/replay/, bench/replay.py).
 # Publishes awaiting their confirm at once per job, which is also the most messages a crash or a

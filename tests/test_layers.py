@@ -41,6 +41,7 @@ FLOORS = (
         "recovery.collector",
         "recovery.broker.tasks",  # writes the tally's samples
         "recovery.replay",
+        "recovery.retention",
         "recovery.search",
         "recovery.alerts",
         "recovery.audit",

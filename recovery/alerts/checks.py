@@ -30,7 +30,7 @@ and the scope fields each honours:
   could not be read, is an error (unknown), not ok. Broker-wide (the counters have no vhost).
 - retention_archive: the last retention run could not write its archive (RETENTION_ARCHIVE_DIR:
   a full disk, a directory it cannot create): it deleted nothing it could not archive and
-  stopped. Resolves with the next run that archives (recovery/models/retention.py).
+  stopped. Resolves with the next run that archives (recovery/retention/run.py).
 """
 
 import datetime
@@ -53,8 +53,8 @@ from recovery.models import (
     Message,
     MessageTotal,
     ReplayJob,
-    retention,
 )
+from recovery.retention.run import last_archive_failure
 
 ITEMS_KEPT = 50
 
@@ -346,7 +346,7 @@ def broker_tally(rule, now, management):
 
 
 def retention_archive(rule, now, management):
-    failed = retention.last_archive_failure()
+    failed = last_archive_failure()
     if failed is None:
         return Check(False, 0, "retention archives what it deletes (or needs no archive)")
     error = failed.detail["archive_error"]

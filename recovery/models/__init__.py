@@ -1,7 +1,8 @@
 """The recovery app's models, split where the domain splits; import them from here.
 
 - store: the recovery store (Message, its search documents, collector heartbeats)
-- counts: the store's counts per hour and per failure group, and the queries over them
+- counts: the store's counts per hour and per failure group (the pages' queries over them:
+  recovery.search.overview, recovery.search.details)
 - recovery.access (its own package, registered here): roles, privileges, API tokens, the
   activity log; teams, their scopes and memberships; Scope; single sign-on's mappings and
   identities
@@ -10,11 +11,12 @@
 - history: what was done to each message, kept after retention deleted it (HISTORY_DAYS)
 - audit: nightly audit runs, windows, evidence, input gaps; the bindings history
 - alerts: alert rules, their transitions, notification channels and the notification outbox
-- broker: the broker's own tally of dead-lettered and dropped messages against the store
-- retention: what leaves the store after RETENTION_DAYS, store-wide
+- broker: the broker's own tally of dead-lettered and dropped messages against the store, and
+  the queries over its samples
 - decoders: admins' rules for reading bodies (protobuf, Avro, MessagePack) per queue
 - masking: masking rules for private data, and break-glass unmasks
-- tasks: the store's Celery beat tasks (retention, folding the counts)
+- tasks: the store's Celery beat task folding the counts (retention, a process over the store:
+  recovery.retention)
 """
 
 from recovery.access.models import (

@@ -161,7 +161,7 @@ class Message(models.Model):
             ),
             # Failure-group pages: first/last seen and the newest messages of one group.
             models.Index(fields=["group_key", "-collected_at", "-id"], name="msg_group_newest"),
-            # Retention's own (recovery.models.retention): the messages it may delete, oldest
+            # Retention's own (recovery.retention.run): the messages it may delete, oldest
             # change first. Partial, so the collector's inserts (pending) never pay for it; a
             # replay or discard adds its entry. Without it each batch was picked by walking
             # msg_status_newest past every replayed message not yet expired (and the dead

@@ -1,7 +1,6 @@
-"""Celery tasks keeping the store in shape (autodiscovered by console/celery.py), run by beat.
+"""Celery tasks keeping the store in shape (autodiscovered by console/celery.py), run by beat
+(retention's is recovery/retention/tasks.py).
 
-- ``apply_retention``: replayed and discarded messages past RETENTION_DAYS leave the store
-  (``recovery.models.retention``).
 - ``compact_message_counts``: fold the count triggers' delta rows of MessageCount and
   MessageTotal (1/min). Without it the counts stay right; reading them just gets slower as delta
   rows pile up.
@@ -9,15 +8,8 @@
 
 from celery import shared_task
 
-from recovery.models import retention
 from recovery.models.counts import MessageCount, MessageTotal
 from recovery.old_task_names import formerly
-
-
-@shared_task(name="recovery.models.tasks.apply_retention", ignore_result=True)
-@formerly("recovery.tasks.apply_retention", ignore_result=True)
-def apply_retention():
-    return retention.apply_retention()
 
 
 @shared_task(name="recovery.models.tasks.compact_message_counts", ignore_result=True)

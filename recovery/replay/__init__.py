@@ -1,7 +1,7 @@
 """The replay engine: one message at a time (``one``), operator curation (``curation``), bulk jobs
 (``runner`` with its asynchronous ``publisher`` and its database side ``job_store``), and
 targets/delays (``targets``). Jobs are created through ``recovery.replay.jobs``; their Celery
-tasks are in ``tasks``. Retention is the store's (``recovery.models.retention``).
+tasks are in ``tasks``. Retention is the store's (``recovery.retention``).
 
 The names below are the public surface the console and the API use.
 """

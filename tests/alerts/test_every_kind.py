@@ -31,7 +31,7 @@ from recovery.models import (
     ReplayJob,
     Status,
 )
-from recovery.models.retention import apply_retention
+from recovery.retention.run import apply_retention
 from tests.helpers import make_message, wait_for
 from tests.helpers.alerts import Receiver, webhook
 from tests.helpers.collector import publish_and_reject

@@ -18,9 +18,9 @@ from django.utils import timezone
 from recovery.alerts.checks import run_check
 from recovery.client.headers import LongBytes
 from recovery.models import Activity, AlertRule, HistoryAction, Message, MessageHistory, Status
-from recovery.models import archive as archive_module
-from recovery.models.retention import apply_retention
 from recovery.replay import replay_message
+from recovery.retention import archive as archive_module
+from recovery.retention.run import apply_retention
 from tests.helpers import declare_app_queue, make_message, publish, wait_for
 
 DAY = datetime.timedelta(days=1)

@@ -15,7 +15,7 @@ from django.utils import timezone
 from recovery.collector.insert import store_rows
 from recovery.db import database_conninfo
 from recovery.models import Message, Status
-from recovery.models.retention import BATCH, apply_retention
+from recovery.retention.run import BATCH, apply_retention
 from tests.helpers.replay import dead_letter_row, store
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -8,8 +8,8 @@ import pytest
 from django.utils import timezone
 
 from recovery.models import Activity, Message, Status
-from recovery.models import retention as retention_module
-from recovery.models.retention import apply_retention
+from recovery.retention import run as retention_module
+from recovery.retention.run import apply_retention
 from tests.helpers.replay import dead_letter_row, store
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -8,7 +8,6 @@ import pytest
 from django.utils import timezone
 
 from recovery.models import Message, MessageHistory, ReplayJob, Status
-from recovery.models.retention import apply_retention
 from recovery.replay import (
     discard_matching,
     discard_message,
@@ -18,6 +17,7 @@ from recovery.replay import (
     restore_message,
 )
 from recovery.replay.jobs import create_job
+from recovery.retention.run import apply_retention
 from tests.helpers import declare_app_queue
 from tests.helpers.replay import dead_letters, drain, run
 

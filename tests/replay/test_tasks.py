@@ -8,9 +8,9 @@ from django.conf import settings
 from django.utils import timezone
 
 from recovery.models import Activity, Message, ReplayJob, ReplayJobItem, Status
-from recovery.models.retention import apply_retention
 from recovery.replay import discard_message
 from recovery.replay.jobs import create_job, resume_stalled_jobs
+from recovery.retention.run import apply_retention
 from tests.helpers import declare_app_queue, point_celery_at, wait_for
 from tests.helpers.replay import dead_letters, drain, purge_tasks, queue_depth, run
 

@@ -1,6 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from recovery.models import Activity, archive
+from recovery.models import Activity
+from recovery.retention import archive
 
 
 class Command(BaseCommand):

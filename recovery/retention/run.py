@@ -1,7 +1,7 @@
 """Retention: replayed and discarded messages older than RETENTION_DAYS leave the store.
 
-It deletes store-wide (every vhost, every queue, whoever replayed them), so it lives with the
-store, not with the replay engine; Celery beat runs it (``recovery.models.tasks``).
+It deletes store-wide (every vhost, every queue, whoever replayed them), so it is the store's own
+process, not the replay engine's; Celery beat runs it (``recovery.retention.tasks``).
 
 "Older" counts from the message's last change (``updated_at``: when it was replayed or
 discarded), so a message replayed today is kept RETENTION_DAYS from today whatever its age.
@@ -14,7 +14,7 @@ the rows its replays, discards and restores left there: what was done with it ou
 HISTORY_DAYS, after which this task deletes the history too.
 
 With RETENTION_ARCHIVE_DIR set, each batch is first written to the archive
-(recovery.models.archive) and fsynced, before its rows are locked; a message changed since it
+(recovery.retention.archive) and fsynced, before its rows are locked; a message changed since it
 was written stays. A batch that cannot be written stops the run: nothing more is deleted, the
 activity row says why, and the ``retention_archive`` alert kind fires until a run archives.
 
@@ -34,10 +34,10 @@ from django.db.models import Q
 from django.utils import timezone
 
 from recovery.access.models import Activity
-from recovery.models import archive
 from recovery.models.history import HistoryAction, MessageHistory
 from recovery.models.replay import ReplayJobItem
 from recovery.models.store import Message, Status
+from recovery.retention import archive
 
 log = logging.getLogger(__name__)
 
