@@ -1,8 +1,8 @@
 """audits: nightly reconciliation runs, their windows and the evidence behind the numbers.
 
 Metric names are those of docs/design.md "Audit metrics", exactly as the Spark job writes them
-(spark/metrics.py ``METRICS``; tests/api/test_audits.py checks the two lists agree). The API does
-not import pyspark.
+(spark/metrics.py ``METRICS``, told the Django side once in recovery/models/audit.py). The API
+does not import pyspark.
 """
 
 from django.db.models import Count, Prefetch
@@ -13,48 +13,12 @@ from rest_framework import generics, serializers
 from recovery.api.pagination import StrictCursorPagination
 from recovery.api.params import IsoDateField, Rfc3339DateTimeField, StrictBooleanField, validated
 from recovery.models import AuditEvidence, AuditInputGap, AuditRun, AuditWindow, scope_of
+from recovery.models.audit import FINAL_ONLY, LATENCY_METRICS, METRICS, RATIO_METRICS
 
-COUNT_METRICS = (
-    "publish_attempts",
-    "distinct_published",
-    "producer_retries",
-    "confirmed",
-    "nacked",
-    "returned",
-    "unconfirmed",
-    "expected_confirmed",
-    "delivered_unique",
-    "dead_lettered",
-    "dead_lettered_rejected",
-    "dead_lettered_expired",
-    "dead_lettered_maxlen",
-    "dead_lettered_delivery_limit",
-    "recovered",
-    "lost",
-    "unverified",
-    "pending",
-    "dup_msgs",
-    "dup_deliveries",
-    "dup_producer_retry",
-    "dup_broker_redelivery",
-    "dup_consumer_reprocessing",
-    "late_deliveries",
-    "orphan_consumptions",
-    "clock_skew",
-    "malformed_lines",
-    "input_gaps",
-    "unclaimed",
-    "unbound_consumption",
-    "missing_consumer_logs",
-)
-LATENCY_METRICS = ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms", "latency_max_ms")
-RATIO_METRICS = ("loss_ppm", "within_sla_share")
-FINAL_ONLY = ("lost", "unverified", "loss_ppm")
 FINALITY = ("PROVISIONAL", "FINAL")
 AUDIT_OUTCOMES = ("running", "succeeded", "succeeded_with_warnings", "failed")
 # Named for SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"] (several models have a "status").
 AuditRunState = AuditRun.State
-METRICS = (*COUNT_METRICS, "loss_ppm", *LATENCY_METRICS, "within_sla_share")
 
 
 def _metric_schema(name):

@@ -13,6 +13,7 @@ from recovery import db
 from recovery.db import database_conninfo
 from recovery.errors import AuditError
 from recovery.models import AuditInputGap, AuditWindow, metric_warnings
+from recovery.models.audit import WINDOW_KEYS
 
 
 def check_outputs(out_dir):
@@ -61,10 +62,6 @@ def _json_safe(value):
         return None
     return value
 
-
-# The key columns of the job's windows output: spark.metrics.WINDOW_KEYS, which this side may
-# not import (spark/ and recovery/ are separate layers); a test in tests/spark holds them equal.
-WINDOW_KEYS = ("window_start", "window_end", "status", "exchange", "consumer_group")
 
 EVIDENCE_SQL = """COPY recovery_auditevidence
     (run_id, kind, window_start, exchange, consumer_group, message_id, cause, count, store_id)

@@ -5,9 +5,51 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-# The metrics that say the audit could not decide something (spark/metrics.py WARNING_METRICS,
-# which recovery/ may not import; tests/spark holds the two equal). A run or window counting any
-# of them is never presented as a plain success.
+# The audit's metric names, as the Spark job writes them (spark/metrics.py). recovery/ may not
+# import spark/ (separate layers: spark-submit runs without Django), so this is the Django side's
+# one copy, and tests/audit/test_metric_names.py holds it equal to the job's.
+COUNT_METRICS = (
+    "publish_attempts",
+    "distinct_published",
+    "producer_retries",
+    "confirmed",
+    "nacked",
+    "returned",
+    "unconfirmed",
+    "expected_confirmed",
+    "delivered_unique",
+    "dead_lettered",
+    "dead_lettered_rejected",
+    "dead_lettered_expired",
+    "dead_lettered_maxlen",
+    "dead_lettered_delivery_limit",
+    "recovered",
+    "lost",
+    "unverified",
+    "pending",
+    "dup_msgs",
+    "dup_deliveries",
+    "dup_producer_retry",
+    "dup_broker_redelivery",
+    "dup_consumer_reprocessing",
+    "late_deliveries",
+    "orphan_consumptions",
+    "clock_skew",
+    "malformed_lines",
+    "input_gaps",
+    "unclaimed",
+    "unbound_consumption",
+    "missing_consumer_logs",
+)
+LATENCY_METRICS = ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms", "latency_max_ms")
+RATIO_METRICS = ("loss_ppm", "within_sla_share")
+METRICS = (*COUNT_METRICS, "loss_ppm", *LATENCY_METRICS, "within_sla_share")
+# Known only once a window is FINAL: null in PROVISIONAL windows.
+FINAL_ONLY = ("lost", "unverified", "loss_ppm")
+# The key columns of the job's windows output; every other column is a metric.
+WINDOW_KEYS = ("window_start", "window_end", "status", "exchange", "consumer_group")
+# What the audit could not decide: a run or window counting any of these is never presented as
+# a plain success.
 WARNING_METRICS = (
     "unclaimed",
     "unbound_consumption",

@@ -4,7 +4,6 @@ import datetime
 
 import pytest
 
-from recovery.api import audits as api_audits
 from recovery.models import AuditEvidence, AuditRun
 from tests.helpers.api import make_audit, make_message
 
@@ -61,24 +60,6 @@ def test_evidence_links_to_the_store_and_filters(viewer_api):
 def test_bad_audit_filters_name_the_field(viewer_api, params, field):
     response = viewer_api.get("/api/v1/audits", params)
     assert response.status_code == 400 and field in response.json()["errors"]
-
-
-def test_the_metric_names_are_the_spark_jobs():
-    from spark import metrics as spark_metrics
-
-    assert api_audits.METRICS == spark_metrics.METRICS
-    assert api_audits.FINAL_ONLY == spark_metrics.FINAL_ONLY
-    for name in (
-        "distinct_published",
-        "publish_attempts",
-        "producer_retries",
-        "lost",
-        "dup_msgs",
-        "dup_deliveries",
-        "orphan_consumptions",
-        "malformed_lines",
-    ):
-        assert name in api_audits.METRICS
 
 
 def test_a_running_audit_has_empty_totals(viewer_api):

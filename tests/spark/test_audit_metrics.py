@@ -470,19 +470,3 @@ def test_it_keeps_a_message_in_the_window_of_its_first_attempt(audit):
 )
 def test_it_matches_routing_keys_with_topic_semantics(pattern, key, matches):
     assert bool(re.fullmatch(topic_pattern_regex(pattern), key)) is matches
-
-
-def test_the_loader_reads_the_window_keys_the_job_writes():
-    """recovery/ may not import spark/ (separate layers): the one duplicated definition is held
-    equal here."""
-    from recovery.audit.results import WINDOW_KEYS as loaded
-    from spark.metrics import WINDOW_KEYS as written
-
-    assert loaded == written
-
-
-def test_the_console_warns_on_the_metrics_the_job_calls_warnings():
-    from recovery.models import WARNING_METRICS as shown
-    from spark.metrics import WARNING_METRICS as written
-
-    assert shown == written
