@@ -6,7 +6,15 @@ from datetime import timedelta
 from django import forms
 from django.core.exceptions import ValidationError
 
-from recovery.alerts.params import MAX_DEPTH, params_problems, target_problems, vhost_problem
+from recovery.alerts.params import (
+    FOR_SECONDS_MAX,
+    MAX_DEPTH,
+    MUTE_MINUTES_MAX,
+    REMIND_SECONDS_MAX,
+    params_problems,
+    target_problems,
+    vhost_problem,
+)
 from recovery.models import AlertRule, NotificationChannel
 
 
@@ -19,7 +27,10 @@ class AlertRuleForm(forms.ModelForm):
         help_text='JSON object, e.g. {"threshold": 1000} (docs/alerts.md lists each kind\'s)',
     )
     remind_minutes = forms.IntegerField(
-        required=False, min_value=1, max_value=7 * 24 * 60, label="Remind every (minutes)"
+        required=False,
+        min_value=1,
+        max_value=REMIND_SECONDS_MAX // 60,
+        label="Remind every (minutes)",
     )
 
     class Meta:
@@ -45,7 +56,7 @@ class AlertRuleForm(forms.ModelForm):
             team_id=self.instance.team_id
         )
         self.fields["for_seconds"].min_value = 0
-        self.fields["for_seconds"].max_value = 7 * 24 * 3600
+        self.fields["for_seconds"].max_value = FOR_SECONDS_MAX
         if self.instance.pk:
             self.initial["params"] = json.dumps(self.instance.params)
             if self.instance.remind_every:
@@ -90,8 +101,8 @@ class AlertRuleForm(forms.ModelForm):
 
     def clean_for_seconds(self):
         value = self.cleaned_data.get("for_seconds") or 0
-        if not 0 <= value <= 7 * 24 * 3600:
-            raise ValidationError("between 0 and 604800 seconds")
+        if not 0 <= value <= FOR_SECONDS_MAX:
+            raise ValidationError(f"between 0 and {FOR_SECONDS_MAX} seconds")
         return value
 
     def save(self, commit=True):
@@ -120,4 +131,4 @@ class NotificationChannelForm(forms.ModelForm):
 
 
 class MuteForm(forms.Form):
-    minutes = forms.IntegerField(min_value=0, max_value=30 * 24 * 60, help_text="0 unmutes")
+    minutes = forms.IntegerField(min_value=0, max_value=MUTE_MINUTES_MAX, help_text="0 unmutes")

@@ -23,6 +23,12 @@ from django.core.validators import validate_email
 MAX_DEPTH = 4
 
 WEEK_MINUTES = 7 * 24 * 60
+# How far a rule's own times reach, said here for the console's form and the API alike: how
+# long a check may fail before "unknown" is told (for_seconds), how often a firing rule reminds,
+# and how long a mute lasts.
+FOR_SECONDS_MAX = WEEK_MINUTES * 60
+REMIND_SECONDS_MAX = WEEK_MINUTES * 60
+MUTE_MINUTES_MAX = 30 * 24 * 60
 COUNT_MAX = 10**12  # far above any real backlog, far below float/bigint trouble
 TIME_OF_DAY = re.compile(r"^([01]?\d|2[0-3]):([0-5]\d)$", re.ASCII)
 

@@ -7,7 +7,14 @@ import datetime
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from recovery.alerts.params import params_problems, target_problems, vhost_problem
+from recovery.alerts.params import (
+    FOR_SECONDS_MAX,
+    MUTE_MINUTES_MAX,
+    REMIND_SECONDS_MAX,
+    params_problems,
+    target_problems,
+    vhost_problem,
+)
 from recovery.api.bases import StrictTeamField
 from recovery.api.params import StrictCharField, StrictIntegerField
 from recovery.masking.policy import mask_for_display
@@ -42,7 +49,7 @@ class AlertRuleSerializer(serializers.ModelSerializer):
     group_key = _scope_field(64)
     enabled = JsonBooleanField(required=False)
     remind_every_seconds = StrictIntegerField(
-        required=False, allow_null=True, min_value=60, max_value=7 * 24 * 3600
+        required=False, allow_null=True, min_value=60, max_value=REMIND_SECONDS_MAX
     )
     channels = serializers.PrimaryKeyRelatedField(
         many=True, queryset=NotificationChannel.objects.all(), required=False
@@ -55,7 +62,7 @@ class AlertRuleSerializer(serializers.ModelSerializer):
         "and a queue or exchange inside the team's scopes, and notify only the team's channels. "
         "null: a rule for users in no team.",
     )
-    for_seconds = StrictIntegerField(required=False, min_value=0, max_value=7 * 24 * 3600)
+    for_seconds = StrictIntegerField(required=False, min_value=0, max_value=FOR_SECONDS_MAX)
     params = serializers.DictField(
         required=False,
         help_text="the kind's parameters (docs/alerts.md); unknown names and values of the "
@@ -268,7 +275,7 @@ class ChannelWithSecretSerializer(ChannelSerializer):
 
 
 class MuteSerializer(serializers.Serializer):
-    minutes = StrictIntegerField(min_value=1, max_value=30 * 24 * 60, help_text="how long")
+    minutes = StrictIntegerField(min_value=1, max_value=MUTE_MINUTES_MAX, help_text="how long")
 
 
 AlertKind = AlertRule.Kind
