@@ -13,7 +13,8 @@ import pytest
 
 from recovery import db
 from recovery.models import Role
-from tests.helpers import make_message, make_user, token_for
+from tests.helpers import make_message, make_user
+from tests.helpers.api import ApiClient
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -52,7 +53,7 @@ def waiting_backends():
 
 
 def api_get(client, path, user):
-    return client.get(path, HTTP_AUTHORIZATION=f"Token {token_for(user)}")
+    return ApiClient(client, user).get(path)
 
 
 @pytest.mark.parametrize("pooled", [False, True], ids=["direct", "pooled"])

@@ -17,7 +17,8 @@ from recovery.models import (
     Team,
     TeamScope,
 )
-from tests.helpers import make_message, make_user, token_for
+from tests.helpers import make_message, make_user
+from tests.helpers.api import ApiClient
 
 pytestmark = pytest.mark.django_db
 
@@ -93,11 +94,8 @@ def test_it_keeps_a_channel_global_rules_use_out_of_a_team(client, payments):
     admin = make_user("alerts-admin", Role.ADMIN)
     hook = channel("ops")
     AlertRule.objects.create(name="all open", kind="open_messages").channels.set([hook])
-    moved = client.patch(
-        f"/api/v1/alert-channels/{hook.pk}",
-        {"team": payments.pk},
-        "application/json",
-        HTTP_AUTHORIZATION=f"Token {token_for(admin)}",
+    moved = ApiClient(client, admin).request(
+        "PATCH", f"/api/v1/alert-channels/{hook.pk}", {"team": payments.pk}
     )
     assert moved.status_code == 400
     assert moved.json()["errors"]["team"] == [

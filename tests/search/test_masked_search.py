@@ -7,7 +7,8 @@ import pytest
 from recovery.models import MaskRule, Membership, Message, Role, Scope, Team, TeamScope
 from recovery.search import index as search_index
 from recovery.search.filters import apply_filters
-from tests.helpers import make_message, make_user, token_for
+from tests.helpers import make_message, make_user
+from tests.helpers.api import ApiClient
 
 pytestmark = pytest.mark.django_db
 
@@ -33,7 +34,7 @@ def cards(request):
 
 
 def stats_total(client, user, q):
-    answer = client.get("/api/v1/stats", {"q": q}, HTTP_AUTHORIZATION=f"Token {token_for(user)}")
+    answer = ApiClient(client, user).get("/api/v1/stats", {"q": q})
     assert answer.status_code == 200, answer.content
     return answer.json()["total"]
 
@@ -65,12 +66,12 @@ def test_it_finds_what_the_viewer_is_shown(client, cards, term, found):
 
 def test_it_never_lists_or_groups_a_masked_value_anywhere(client, cards):
     admin = make_user("masked-admin", Role.ADMIN)  # masks apply to admins as well
-    auth = {"HTTP_AUTHORIZATION": f"Token {token_for(admin)}"}
-    assert client.get("/api/v1/messages", {"q": "41111"}, **auth).json()["results"] == []
-    assert client.get("/api/v1/groups", {"q": "41111"}, **auth).json()["results"] == []
-    export = client.get("/api/v1/messages/export", {"q": "41111"}, **auth)
+    api = ApiClient(client, admin)
+    assert api.get("/api/v1/messages", {"q": "41111"}).json()["results"] == []
+    assert api.get("/api/v1/groups", {"q": "41111"}).json()["results"] == []
+    export = api.get("/api/v1/messages/export", {"q": "41111"})
     assert export.status_code == 200 and b"".join(export.streaming_content) == b""
-    listed = client.get("/api/v1/messages", {"q": "A-1093"}, **auth).json()["results"]
+    listed = api.get("/api/v1/messages", {"q": "A-1093"}).json()["results"]
     assert [m["id"] for m in listed] == [cards["card"].pk]
     client.force_login(admin)
     assert list(client.get("/messages/", {"q": "41111"}).context["messages_page"]) == []
