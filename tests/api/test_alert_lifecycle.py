@@ -2,8 +2,6 @@
 muted, unmuted and deleted; channels created (their secret shown once), changed, disabled,
 rotated and deleted; by admins only. Non-admins never see a target, not even inside an error."""
 
-import json
-
 import pytest
 import yaml
 from django.utils import timezone
@@ -16,20 +14,12 @@ SLACK = "https://hooks.slack.com/services/T0ABC/B0DEF/SLACKSECRETTOKEN"
 WITH_CREDENTIALS = "http://ops:hunter2@10.1.2.3:15672/api/queues?token=abc"
 
 
-def call(api_client, method, path, data=None):
-    """PATCH / DELETE through the test client with the token of ``api_client``."""
-    send = getattr(api_client.client, method.lower())
-    body = json.dumps(data) if data is not None else ""
-    return send(path, body, content_type="application/json", **api_client.headers())
-
-
 def test_it_changes_mutes_unmutes_and_deletes_a_rule(admin_api, operator_api, viewer_api):
     made = admin_api.post("/api/v1/alert-rules", {"name": "backlog", "kind": "open_messages"})
     assert made.status_code == 201, made.content
     path = f"/api/v1/alert-rules/{made.json()['id']}"
 
-    changed = call(
-        admin_api,
+    changed = admin_api.request(
         "PATCH",
         path,
         {"name": "big backlog", "params": {"threshold": 500}, "remind_every_seconds": 600},
@@ -43,10 +33,10 @@ def test_it_changes_mutes_unmutes_and_deletes_a_rule(admin_api, operator_api, vi
         600,
     )
     # A PATCH that would make the saved params wrong for the kind is refused as a whole.
-    refused = call(admin_api, "PATCH", path, {"kind": "open_growth", "name": "x"})
+    refused = admin_api.request("PATCH", path, {"kind": "open_growth", "name": "x"})
     assert refused.status_code == 400 and "params" in refused.json()["errors"]
     assert AlertRule.objects.get().kind == "open_messages"
-    assert call(admin_api, "PUT", path, {"name": "x"}).status_code == 405
+    assert admin_api.request("PUT", path, {"name": "x"}).status_code == 405
 
     muted = admin_api.post(f"{path}/mute", {"minutes": 30})
     assert muted.status_code == 200 and muted.json()["muted_until"], muted.content
@@ -57,13 +47,13 @@ def test_it_changes_mutes_unmutes_and_deletes_a_rule(admin_api, operator_api, vi
     assert not AlertRule.objects.get().muted()
 
     for other in (operator_api, viewer_api):
-        assert call(other, "PATCH", path, {"name": "mine"}).status_code == 403
+        assert other.request("PATCH", path, {"name": "mine"}).status_code == 403
         assert other.post(f"{path}/mute", {"minutes": 5}).status_code == 403
         assert other.post(f"{path}/unmute").status_code == 403
-        assert call(other, "DELETE", path).status_code == 403
+        assert other.request("DELETE", path).status_code == 403
     assert viewer_api.get(path).json()["name"] == "big backlog"
 
-    assert call(admin_api, "DELETE", path).status_code == 204
+    assert admin_api.request("DELETE", path).status_code == 204
     assert not AlertRule.objects.exists()
     assert admin_api.get(path).status_code == 404
     assert set(Activity.objects.filter(via="api").values_list("action", flat=True)) >= {
@@ -90,22 +80,22 @@ def test_an_admin_creates_a_channel_and_sees_its_secret_once(admin_api, viewer_a
     channel.refresh_from_db()
     assert rotated.json()["secret"] == channel.secret != made.json()["secret"]
 
-    disabled = call(admin_api, "PATCH", path, {"enabled": False, "target": "https://h/y"})
+    disabled = admin_api.request("PATCH", path, {"enabled": False, "target": "https://h/y"})
     assert disabled.status_code == 200, disabled.content
     channel.refresh_from_db()
     assert (channel.enabled, channel.target) == (False, "https://h/y")
-    assert call(admin_api, "PATCH", path, {"target": "ftp://h/"}).status_code == 400
-    assert call(admin_api, "PATCH", path, {"kind": "email"}).status_code == 400
+    assert admin_api.request("PATCH", path, {"target": "ftp://h/"}).status_code == 400
+    assert admin_api.request("PATCH", path, {"kind": "email"}).status_code == 400
 
     denied = viewer_api.post(
         "/api/v1/alert-channels", {"name": "v", "kind": "webhook", "target": "http://h/"}
     )
     assert denied.status_code == 403
     assert viewer_api.post(f"{path}/rotate-secret").status_code == 403
-    assert call(viewer_api, "PATCH", path, {"enabled": True}).status_code == 403
-    assert call(viewer_api, "DELETE", path).status_code == 403
+    assert viewer_api.request("PATCH", path, {"enabled": True}).status_code == 403
+    assert viewer_api.request("DELETE", path).status_code == 403
 
-    assert call(admin_api, "DELETE", path).status_code == 204
+    assert admin_api.request("DELETE", path).status_code == 204
     assert not NotificationChannel.objects.exists()
 
 
