@@ -6,7 +6,7 @@ import pika
 import psycopg
 
 from recovery.client import IdempotentConsumer
-from tests.helpers.client import drain, read_jsonl
+from tests.helpers.client import consume_n, read_jsonl
 
 
 def publish(channel, queue, message_id, body=b"x"):
@@ -74,7 +74,7 @@ def test_it_rejects_a_message_to_the_dlx_after_max_attempts(amqp_url, channel, n
     )
     thread = threading.Thread(target=consumer.run)
     thread.start()
-    [(props, body)] = drain(channel, names["dead"], 1, timeout=15)
+    [(props, body)] = consume_n(channel, names["dead"], 1, timeout=15)
     consumer.stop()
     thread.join(10)
 

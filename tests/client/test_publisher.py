@@ -8,7 +8,7 @@ import psycopg
 import pytest
 
 from recovery.client import ReliablePublisher, forward_outbox
-from tests.helpers.client import drain, read_jsonl
+from tests.helpers.client import consume_n, read_jsonl
 
 RECOVERY_HEADERS = (
     "x-recovery-kind",
@@ -38,7 +38,7 @@ def test_it_publishes_with_confirms_and_keeps_message_ids(amqp_url, channel, nam
     assert publisher.flush(timeout=20)
     publisher.close()
 
-    got = drain(channel, names["queue"], 501)
+    got = consume_n(channel, names["queue"], 501)
     assert [p.message_id for p, _ in got] == [*sent, "order-42"]
     assert given == "order-42"
     assert all(len(m) == 32 for m in sent)  # uuid4 hex
@@ -58,7 +58,7 @@ def test_it_forwards_a_returned_message_with_recovery_headers(amqp_url, channel,
     assert publisher.flush(timeout=20)
     publisher.close()
 
-    [(props, body)] = drain(channel, names["returns"], 1)
+    [(props, body)] = consume_n(channel, names["returns"], 1)
     assert body == b"lost?"
     assert props.message_id == message_id
     assert props.content_type == "text/plain"
@@ -82,9 +82,9 @@ def test_it_gives_up_a_message_published_to_a_missing_exchange(amqp_url, channel
     assert publisher.flush(timeout=20)
     publisher.close()
 
-    [(props, _)] = drain(channel, names["returns"], 1)
+    [(props, _)] = consume_n(channel, names["returns"], 1)
     assert props.headers["x-recovery-kind"] == "returned"
-    assert [p.message_id for p, _ in drain(channel, names["queue"], 1)] == [ok]
+    assert [p.message_id for p, _ in consume_n(channel, names["queue"], 1)] == [ok]
 
 
 def test_it_retries_nacks_then_forwards_them_as_nacked(amqp_url, channel, names, tmp_path):
@@ -98,7 +98,7 @@ def test_it_retries_nacks_then_forwards_them_as_nacked(amqp_url, channel, names,
     assert publisher.flush(timeout=20)
     publisher.close()
 
-    forwarded = drain(channel, names["returns"], 3)
+    forwarded = consume_n(channel, names["returns"], 3)
     assert sorted(p.message_id for p, _ in forwarded) == sorted(ids[5:])
     for props, _ in forwarded:
         assert props.headers["x-recovery-kind"] == "nacked"
@@ -144,7 +144,7 @@ def test_it_writes_give_ups_to_the_outbox_when_the_broker_is_unreachable(
     channel.queue_declare(names["returns"], durable=True, arguments={"x-queue-type": "quorum"})
     assert forward_outbox(pg_dsn, amqp_url, returns_queue=names["returns"]) == 50
     assert forward_outbox(pg_dsn, amqp_url, returns_queue=names["returns"]) == 0
-    forwarded = drain(channel, names["returns"], 50)
+    forwarded = consume_n(channel, names["returns"], 50)
     assert [p.message_id for p, _ in forwarded] == ids
     assert forwarded[0][0].headers["x-recovery-kind"] == "unconfirmed"
     assert forwarded[0][0].headers["x-recovery-exchange"] == "ex"
@@ -164,7 +164,7 @@ def test_it_resends_what_a_crashed_producer_left_sending(amqp_url, channel, name
     assert restarted.flush(timeout=20)
     restarted.close()
 
-    got = drain(channel, names["queue"], 20)
+    got = consume_n(channel, names["queue"], 20)
     assert [p.message_id for p, _ in got] == ids
     assert [body for _, body in got][:2] == [b"m0", b"m1"]
     with psycopg.connect(pg_dsn) as conn:

@@ -48,7 +48,7 @@ class Management:
                 raise
 
 
-def drain(channel, queue, expected, timeout=10):
+def consume_n(channel, queue, expected, timeout=10):
     """Get ``expected`` messages from ``queue`` (acked), or fewer after ``timeout`` seconds."""
     got = []
     for method, properties, body in channel.consume(queue, inactivity_timeout=timeout):

@@ -83,8 +83,9 @@ def populated(queue, count, operator, runner="runner-a"):
     return job, store, messages
 
 
-def drain(queue, idle=0.5):
-    """Every message on ``queue`` now: [(properties, body)], acked."""
+def consume_until_idle(queue, idle=0.5):
+    """Every message on ``queue`` until none comes for ``idle`` seconds: [(properties, body)],
+    acked (on a connection of its own)."""
     connection = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
     channel = connection.channel()
     channel.basic_qos(prefetch_count=1000)

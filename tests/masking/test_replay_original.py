@@ -7,7 +7,7 @@ import pytest
 
 from recovery.models import MaskRule
 from tests.helpers import declare_app_queue
-from tests.helpers.replay import dead_letters, drain
+from tests.helpers.replay import consume_until_idle, dead_letters
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -24,7 +24,7 @@ def test_a_masked_message_is_replayed_as_stored(wired, amqp, operator, client):
     client.force_login(operator)
     assert CARD not in client.get(f"/messages/{message.pk}/").content.decode()
     client.post(f"/messages/{message.pk}/replay")
-    [(props, sent)] = drain("mask.orders")
+    [(props, sent)] = consume_until_idle("mask.orders")
     assert sent == body and props.headers["x-card"] == CARD
     message.refresh_from_db()
     assert message.body_bytes == body and message.headers["x-card"] == CARD

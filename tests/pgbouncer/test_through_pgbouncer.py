@@ -18,7 +18,7 @@ from recovery.models import Message, Status
 from recovery.replay.jobs import create_job
 from recovery.search.index import LOCK_KEY, index_new
 from tests.helpers import declare_app_queue, make_user, wait_for
-from tests.helpers.replay import dead_letters, drain, run
+from tests.helpers.replay import consume_until_idle, dead_letters, run
 
 pytestmark = [pytest.mark.pgbouncer, pytest.mark.usefixtures("through_pgbouncer")]
 
@@ -35,7 +35,7 @@ def test_the_console_lists_shows_and_replays_a_message(client, wired, amqp):
     assert response.status_code in (200, 302)
     message.refresh_from_db()
     assert message.status == Status.REPLAYED
-    assert [p.message_id for p, _ in drain("pgb.console")] == [message.message_id]
+    assert [p.message_id for p, _ in consume_until_idle("pgb.console")] == [message.message_id]
 
 
 def test_the_collector_stores_dead_letters(collector, amqp):
@@ -61,7 +61,9 @@ def test_a_bulk_replay_job_runs_to_the_end(wired, amqp):
     job = create_job(operator, filters={"queue": "pgb.job"})
     assert run(job) == "done"
     assert (job.confirmed, job.failed) == (300, 0)
-    assert sorted(p.message_id for p, _ in drain("pgb.job")) == sorted(m.message_id for m in stored)
+    assert sorted(p.message_id for p, _ in consume_until_idle("pgb.job")) == sorted(
+        m.message_id for m in stored
+    )
 
 
 def test_the_audit_exports_the_store(wired, tmp_path):

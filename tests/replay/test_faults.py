@@ -20,7 +20,7 @@ from recovery.models import Activity, Message, ReplayJob, ReplayJobItem, Status
 from recovery.replay.jobs import create_job
 from tests.faults import TcpProxy
 from tests.helpers import declare_app_queue, wait_for
-from tests.helpers.replay import dead_letters, drain, purge_tasks, run_in_thread
+from tests.helpers.replay import consume_until_idle, dead_letters, purge_tasks, run_in_thread
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -198,7 +198,7 @@ def test_a_job_survives_a_real_broker_restart(wired, amqp, operator, request):
 
     assert outcome["r"] == "done"
     job.refresh_from_db()
-    got = drain("fault.restart", idle=2)
+    got = consume_until_idle("fault.restart", idle=2)
     ids = [props.message_id for props, _body in got]
     assert set(ids) == {m.message_id for m in messages}
     assert job.confirmed == OUTAGE_N

@@ -19,7 +19,7 @@ from recovery.replay import (
 from recovery.replay.jobs import create_job
 from recovery.retention.run import apply_retention
 from tests.helpers import declare_app_queue
-from tests.helpers.replay import dead_letters, drain, run
+from tests.helpers.replay import consume_until_idle, dead_letters, run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -57,7 +57,7 @@ def test_one_click_and_edit_replays_leave_their_outcome_and_target(wired, amqp, 
     edit_and_replay(edited, operator, body="fixed")
     replay_message(returned, user=operator)
 
-    assert len(drain("hist.orders")) == 2
+    assert len(consume_until_idle("hist.orders")) == 2
     assert history_of(arrives) == [
         (arrives.message_id, arrives.pk, "hist.orders", "replay", "otto", "console", None)
         + ("confirmed", "", "hist.orders")

@@ -11,8 +11,8 @@ from recovery.replay import discard_message, replay_message
 from recovery.replay.jobs import create_job, dry_run
 from tests.helpers import declare_app_queue, wait_for
 from tests.helpers.replay import (
+    consume_until_idle,
     dead_letters,
-    drain,
     queue_depth,
     run,
     run_in_thread,
@@ -117,7 +117,7 @@ def test_a_job_replays_every_selected_message_once_and_counts_them(wired, amqp, 
         "percent": 100.0,
     }
     assert not job.is_active
-    got = drain("jobs.run")
+    got = consume_until_idle("jobs.run")
     assert sorted(p.message_id for p, _b in got) == sorted(m.message_id for m in messages)
     assert Message.objects.filter(source_queue="jobs.run", status=Status.REPLAYED).count() == 300
     assert Message.objects.filter(source_queue="jobs.other", status=Status.PENDING).count() == 5
@@ -137,7 +137,7 @@ def test_a_job_sends_every_body_byte_for_byte(wired, amqp, operator):
 
     assert run(create_job(operator, filters={"queue": "jobs.bytes"})) == "done"
 
-    assert sorted(body for _p, body in drain("jobs.bytes")) == sorted(bodies)
+    assert sorted(body for _p, body in consume_until_idle("jobs.bytes")) == sorted(bodies)
 
 
 def test_returned_and_nacked_messages_stay_pending_with_the_reason(wired, amqp, operator):
@@ -170,7 +170,7 @@ def test_a_job_sends_to_the_chosen_target(wired, amqp, operator):
     )
 
     assert run(job) == "done"
-    assert len(drain("jobs.retry")) == 4
+    assert len(consume_until_idle("jobs.retry")) == 4
     assert set(ReplayAttempt.objects.values_list("exchange", "routing_key")) == {
         ("jobs.topic", "retry.now")
     }
@@ -273,7 +273,7 @@ def test_cancel_stops_a_running_job_and_leaves_the_rest_pending(wired, amqp, ope
     assert job.state == "cancelled" and job.finished_at is not None
     assert 50 <= job.confirmed < 400
     replayed = Message.objects.filter(status=Status.REPLAYED).count()
-    assert replayed == job.confirmed == len(drain("jobs.cancel"))
+    assert replayed == job.confirmed == len(consume_until_idle("jobs.cancel"))
     assert Message.objects.filter(status=Status.PENDING).count() == 400 - replayed
     assert not ReplayJobItem.objects.filter(state="claimed").exists()
     assert Activity.objects.get(action="job_cancelled").via == "api"
@@ -310,7 +310,7 @@ def test_a_job_replays_only_what_was_selected_when_it_was_made(wired, amqp, oper
     dead_letters("jobs.snap", 3)  # arrives after the job was made
     discard_message(first[0], operator)
     replay_message(first[1], user=operator)
-    drain("jobs.snap")
+    consume_until_idle("jobs.snap")
 
     assert run(job) == "done"
 
@@ -341,7 +341,7 @@ def test_messages_changed_while_a_job_runs_are_skipped_not_resent(wired, amqp, o
         "skipped: replayed by someone else since the job was created",
     }
     assert messages[-2].attempts.count() == 1  # never sent twice
-    assert len(drain("jobs.skip")) == 39
+    assert len(consume_until_idle("jobs.skip")) == 39
 
 
 def test_poisoned_messages_are_skipped_unless_asked_for(wired, amqp, operator):
@@ -367,7 +367,7 @@ def test_an_id_list_job_and_a_failure_group_job(wired, amqp, operator):
     group = create_job(operator, group_key=messages[0].group_key)
     assert run(group) == "done"
     assert group.total == 4  # the group's pending ones; the two replayed are not re-sent
-    assert len(drain("jobs.ids")) == 6
+    assert len(consume_until_idle("jobs.ids")) == 6
 
 
 def test_one_click_replay_and_discard_refuse_a_message_a_job_holds(wired, amqp, operator):

@@ -10,8 +10,8 @@ from recovery.errors import StateError
 from recovery.models import Activity, Message, MessageEdit, ReplayAttempt, Status
 from recovery.replay import discard_message, edit_and_replay, replay_message, restore_message
 from tests.helpers import declare_app_queue
+from tests.helpers.replay import consume_until_idle, queue_depth, store, unroutable_row
 from tests.helpers.replay import dead_letters as stored_dead_letters
-from tests.helpers.replay import drain, queue_depth, store, unroutable_row
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -26,7 +26,7 @@ def test_it_replays_a_dead_letter_to_the_queue_it_died_in(wired, amqp, operator)
 
     assert attempt.outcome == ReplayAttempt.Outcome.CONFIRMED
     assert (attempt.exchange, attempt.routing_key) == ("", "one.orders")
-    [(props, body)] = drain("one.orders")
+    [(props, body)] = consume_until_idle("one.orders")
     assert body == b"\x00body\xff"
     assert props.message_id == message.message_id
     assert props.headers["tenant"] == "acme" and props.headers["n"] == 7
@@ -49,7 +49,7 @@ def test_it_sends_unroutable_messages_back_to_their_exchange_and_key(wired, amqp
     attempt = replay_message(message, user=operator)
 
     assert (attempt.exchange, attempt.routing_key) == ("one.shop", "order.created")
-    assert [body for _p, body in drain("one.shop.orders")] == [b"o-1"]
+    assert [body for _p, body in consume_until_idle("one.shop.orders")] == [b"o-1"]
 
 
 def test_a_returned_replay_leaves_the_message_pending_with_the_reason(wired, operator):
@@ -83,7 +83,7 @@ def test_it_replays_to_a_chosen_queue_or_exchange(wired, amqp, operator):
     replay_message(first, user=operator, queue="one.other")
     replay_message(second, user=operator, exchange="", routing_key="one.other")
 
-    assert len(drain("one.other")) == 2
+    assert len(consume_until_idle("one.other")) == 2
 
 
 def test_a_missing_target_exchange_fails_without_losing_the_message(wired, operator):
@@ -112,7 +112,7 @@ def test_a_delayed_replay_waits_in_a_ttl_queue_then_arrives(wired, amqp, operato
     while queue_depth("one.later") == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert time.monotonic() - started >= 0.9
-    [(props, body)] = drain("one.later")
+    [(props, body)] = consume_until_idle("one.later")
     assert body == b"later" and props.message_id == message.message_id
 
 
@@ -205,7 +205,7 @@ def test_edit_and_replay_sends_the_edit_and_keeps_the_original(wired, amqp, oper
     )
 
     assert attempt.outcome == "confirmed" and attempt.edited
-    [(props, body)] = drain("one.edit")
+    [(props, body)] = consume_until_idle("one.edit")
     assert body == b'{"qty": 1}'
     assert props.headers["v"] == 2 and props.headers["fixed"] is True
     assert props.headers["amount"] == decimal.Decimal("9.50")

@@ -29,7 +29,7 @@ from recovery.replay.authority import LEFT_SCOPE, NOT_READABLE
 from recovery.replay.jobs import create_job, resume_job
 from recovery.replay.targets import NEEDS_FULL_READ
 from tests.helpers import declare_app_queue, make_message, make_user, wait_for
-from tests.helpers.replay import dead_letters, drain, queue_depth, run, run_in_thread
+from tests.helpers.replay import consume_until_idle, dead_letters, queue_depth, run, run_in_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -79,7 +79,7 @@ def test_it_refuses_a_team_members_replay_into_another_teams_queue(teams, wired)
 
     allowed = replay(token, message, queue=A_OTHER)
     assert allowed.status_code == 200 and allowed.json()["outcome"] == "confirmed"
-    assert len(drain(A_OTHER)) == 1
+    assert len(consume_until_idle(A_OTHER)) == 1
 
 
 @pytest.mark.parametrize(
@@ -177,7 +177,7 @@ def test_it_sends_what_a_caller_may_not_read_in_full_only_to_its_own_target(wire
     masked_message()
     allowed = replay(token, message, queue=A_OTHER)
     assert allowed.status_code == 200 and allowed.json()["outcome"] == "confirmed"
-    assert [body for _p, body in drain(A_OTHER)] == [b'{"card": "4111111111111111"}']
+    assert [body for _p, body in consume_until_idle(A_OTHER)] == [b'{"card": "4111111111111111"}']
 
 
 # ---- jobs -------------------------------------------------------------------------------------
@@ -256,7 +256,7 @@ def test_it_stops_a_running_job_when_its_creator_is_demoted(teams):
     # Stopped within a re-check (2 s) and a control tick of the demotion: at 2/s, a few sent.
     assert 1 <= job.confirmed <= 7
     assert job.items.filter(state="pending").count() == 20 - job.confirmed
-    assert len(drain(A_QUEUE)) == job.confirmed
+    assert len(consume_until_idle(A_QUEUE)) == job.confirmed
 
 
 def test_it_refuses_to_resume_a_job_whose_creator_left_the_team(teams):

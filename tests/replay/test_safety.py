@@ -14,7 +14,7 @@ from recovery.replay.job_store import JobStore
 from recovery.replay.jobs import create_job, resume_stalled_jobs
 from recovery.replay.runner import JobRunner
 from tests.helpers import declare_app_queue, wait_for
-from tests.helpers.replay import dead_letters, drain, populated, run, run_in_thread
+from tests.helpers.replay import consume_until_idle, dead_letters, populated, run, run_in_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -228,7 +228,7 @@ def test_a_live_runner_keeps_its_job(wired, amqp, operator):
     assert resume_stalled_jobs() == []
     thread.join(30)
     assert outcome["r"] == "done"
-    assert len(drain("safe.live")) == 300
+    assert len(consume_until_idle("safe.live")) == 300
 
 
 def test_overlapping_jobs_never_send_a_message_twice(wired, amqp, operator, consumers):
@@ -309,7 +309,7 @@ def test_items_a_deposed_runner_claims_after_the_takeover_are_sent(
     assert outcome.get("r") == "done"
     job.refresh_from_db()
     assert (job.total, job.confirmed) == (40, 40)
-    assert len(drain("safe.deposed")) == 40
+    assert len(consume_until_idle("safe.deposed")) == 40
 
 
 def _reclaim_nothing_first(reclaim):
@@ -365,4 +365,4 @@ def test_a_job_never_sends_what_a_discard_by_filter_took_after_its_snapshot(wire
     assert (job.total, job.skipped, job.sent) == (20, 20, 0)
     details = set(ReplayJobItem.objects.filter(job=job).values_list("detail", flat=True))
     assert details == {"skipped: the message is discarded now"}
-    assert drain("safe.discarded") == []
+    assert consume_until_idle("safe.discarded") == []

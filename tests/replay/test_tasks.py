@@ -12,7 +12,7 @@ from recovery.replay import discard_message
 from recovery.replay.jobs import create_job, resume_stalled_jobs
 from recovery.retention.run import apply_retention
 from tests.helpers import declare_app_queue, point_celery_at, wait_for
-from tests.helpers.replay import dead_letters, drain, purge_tasks, queue_depth, run
+from tests.helpers.replay import consume_until_idle, dead_letters, purge_tasks, queue_depth, run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -41,7 +41,7 @@ def test_a_job_runs_in_a_celery_worker(wired, amqp, operator, workers):
     wait_for_state(job, "done", worker)
     job.refresh_from_db()
     assert job.confirmed == 200
-    assert len(drain("tasks.run")) == 200
+    assert len(consume_until_idle("tasks.run")) == 200
 
 
 @pytest.mark.slow  # a real Celery worker process
@@ -81,7 +81,7 @@ def test_a_task_sent_by_its_old_name_still_runs_the_job(wired, amqp, operator, w
     worker = workers()
 
     wait_for_state(job, "done", worker)
-    assert len(drain("tasks.old_name")) == 3
+    assert len(consume_until_idle("tasks.old_name")) == 3
 
 
 def test_the_sweep_enqueues_jobs_whose_runner_died(wired, operator):
@@ -206,7 +206,7 @@ def test_a_worker_shutting_down_hands_its_job_to_another(wired, amqp, operator, 
     assert not ReplayJobItem.objects.filter(job=job, state="claimed").exists()
     second = workers()
     wait_for_state(job, "done", second, timeout=60)
-    ids = [props.message_id for props, _body in drain("tasks.handover")]
+    ids = [props.message_id for props, _body in consume_until_idle("tasks.handover")]
     assert len(ids) == len(set(ids)) == 600  # handed over cleanly: not one duplicate
 
 
@@ -236,11 +236,11 @@ def test_a_slow_rate_hands_the_worker_back_between_messages(wired, amqp, operato
     assert job.progress["reason"] == "rate 0.1/s: the next message goes in 10 s"
     assert queue_depth(settings.REPLAY_TASK_QUEUE) == 1  # its task again, with a countdown
     assert job.enqueued_at > timezone.now() + datetime.timedelta(seconds=8)  # not "stalled"
-    assert drain("tasks.slow") == []
+    assert consume_until_idle("tasks.slow") == []
 
     purge_tasks()
     assert run(job, paced=True) == "sleeping"  # the countdown's run: one message, then sleep
-    assert len(drain("tasks.slow")) == 1
+    assert len(consume_until_idle("tasks.slow")) == 1
     assert job.confirmed == 1 and job.state == ReplayJob.State.QUEUED
 
 
@@ -266,5 +266,5 @@ def test_slow_jobs_do_not_starve_a_worker_of_other_work(wired, amqp, operator, w
     quick = create_job(operator, filters={"queue": "tasks.quick"})
 
     wait_for_state(quick, "done", worker, timeout=60)
-    assert len(drain("tasks.quick")) == 50
+    assert len(consume_until_idle("tasks.quick")) == 50
     assert [job_state(job) for job in slow] == ["queued", "queued"]

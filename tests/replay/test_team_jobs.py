@@ -6,7 +6,7 @@ import pytest
 from recovery.models import Activity, Membership, Message, Scope, Status, Team, TeamScope
 from recovery.replay.jobs import create_job
 from tests.helpers import declare_app_queue, make_user
-from tests.helpers.replay import dead_letters, drain, run
+from tests.helpers.replay import consume_until_idle, dead_letters, run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -36,7 +36,7 @@ def test_a_team_job_leaves_out_what_left_the_scope_before_it_ran(wired, amqp):
 
     assert run(job) == "done"
     assert job.total == 2 and job.confirmed == 2
-    assert len(drain("teamjob.cards.eu")) == 2
+    assert len(consume_until_idle("teamjob.cards.eu")) == 2
     left_out = Activity.objects.get(job=job, action="job_out_of_scope")
     assert left_out.detail == {"left_out": 2, "team": payments.pk}
     assert set(Message.objects.filter(pk__in=moved).values_list("status", flat=True)) == {

@@ -15,7 +15,7 @@ from recovery.replay import replay_message
 from recovery.replay.jobs import create_job
 from tests.helpers import declare_app_queue, make_user
 from tests.helpers.api import make_message
-from tests.helpers.replay import dead_letters, drain, run
+from tests.helpers.replay import consume_until_idle, dead_letters, run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -93,7 +93,7 @@ def test_one_click_replay_of_a_message_too_deep_fails_with_the_reason(wired, amq
     assert attempt.detail.startswith("headers nested 300 levels deep")
     message.refresh_from_db()
     assert message.status == Status.PENDING and "nested 300" in message.status_reason
-    assert drain("deep.q") == []
+    assert consume_until_idle("deep.q") == []
 
 
 def test_the_api_answers_a_failed_attempt_and_keeps_the_idempotency_key(wired, amqp, client):
@@ -110,7 +110,7 @@ def test_the_api_answers_a_failed_attempt_and_keeps_the_idempotency_key(wired, a
     assert first.json()["outcome"] == "failed" and "one frame" in first.json()["detail"]
     assert again.json() == first.json() and again["Idempotent-Replayed"] == "true"
     assert ReplayAttempt.objects.filter(message=message).count() == 1
-    assert drain("big.q") == []
+    assert consume_until_idle("big.q") == []
 
 
 def test_an_empty_idempotency_key_is_a_400(wired, client):
@@ -142,5 +142,7 @@ def test_a_job_fails_what_cannot_be_sent_and_finishes_the_rest(wired, amqp):
     )
     assert failed[too_deep.pk].startswith("headers nested 300 levels deep")
     assert "one frame" in failed[too_big.pk]
-    assert sorted(p.message_id for p, _b in drain("mixed.q")) == sorted(m.message_id for m in fine)
+    assert sorted(p.message_id for p, _b in consume_until_idle("mixed.q")) == sorted(
+        m.message_id for m in fine
+    )
     assert Message.objects.get(pk=too_deep.pk).status == Status.PENDING
