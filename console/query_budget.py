@@ -8,9 +8,10 @@ a few such requests held every web worker. So each request runs its queries unde
 
 How the budget is set depends on the route to the database (settings DATABASE_POOLED):
 
-- Direct: a session setting, set when the request starts (outside any transaction, so no
-  rollback undoes it) and put back when the response is done (for a streamed export: when the
-  stream ends or is closed). One statement each way.
+- Direct: a session setting, set just before the request's first statement that runs outside a
+  transaction (so no rollback undoes it; statements before it, inside one, get SET LOCAL; a
+  request that queries nothing pays nothing) and put back when the response is done (for a
+  streamed export: when the stream ends or is closed). One statement each way.
 - Through a transaction-mode pooler (PgBouncer), a session setting would stay on a server
   connection other clients share. Each statement instead runs with ``SET LOCAL``
   (``set_config(..., true)``): inside a transaction, just before it (a savepoint rolled back
@@ -22,6 +23,7 @@ need less set their own, smaller limit inside (``recovery.search.filters.planner
 
 import threading
 
+import psycopg
 from django.conf import settings
 from django.db import DatabaseError, OperationalError, connection, transaction
 from django.http import HttpResponse, JsonResponse
@@ -67,12 +69,21 @@ def _set_local_budget(conn):
 
 
 def _bounded(execute, sql, params, many, context):
-    """The execute wrapper: the budget per statement behind a pooler, and a cancelled
-    statement raised as QueryTooSlow."""
+    """The execute wrapper: the request's session budget set before its first statement (direct
+    route), the budget per statement behind a pooler, and a cancelled statement raised as
+    QueryTooSlow."""
     conn = context["connection"]
     try:
-        if db.session_state_allowed() or getattr(_local, "inner", False):
+        if getattr(_local, "inner", False):
             return execute(sql, params, many, context)
+        if db.session_state_allowed():
+            budget = getattr(_local, "budget", None)
+            if budget is None or budget.started or not conn.in_atomic_block:
+                if budget is not None and not budget.started:
+                    budget.start(conn)
+                return execute(sql, params, many, context)
+            # A session setting made inside a transaction goes if it rolls back: until the
+            # request runs a statement outside one, each gets the budget as SET LOCAL.
         _local.inner = True
         try:
             if conn.in_atomic_block:
@@ -90,25 +101,26 @@ def _bounded(execute, sql, params, many, context):
 
 
 class Budget:
-    """The session budget of one request (direct route only): ``start`` sets it, ``stop``
-    (idempotent) puts back what was there."""
+    """The session budget of one request (direct route only): set just before the request's
+    first statement outside a transaction (``start``, from the execute wrapper: a request that
+    queries nothing pays nothing), put back by ``stop`` (idempotent)."""
 
     def __init__(self):
         self.previous = None
+        self.started = False
 
-    def start(self):
-        if not db.session_state_allowed():
-            return
+    def start(self, conn):
+        self.started = True
         try:
-            with connection.cursor() as cur:
-                cur.execute(
-                    "SELECT current_setting('statement_timeout'), "
-                    "set_config('statement_timeout', %s, false)",
-                    [f"{budget_ms()}ms"],
-                )
-                self.previous = cur.fetchone()[0]
-        except DatabaseError:
-            # The database is down: the view says so its own way (/healthz, /readyz).
+            # On psycopg's connection itself: no execute wrapper runs for this statement.
+            row = conn.connection.execute(
+                "SELECT current_setting('statement_timeout'), "
+                "set_config('statement_timeout', %s, false)",
+                [f"{budget_ms()}ms"],
+            ).fetchone()
+            self.previous = row[0]
+        except psycopg.Error:
+            # The database is down: the statement itself fails and says so.
             self.previous = None
 
     def stop(self):
@@ -131,8 +143,12 @@ class _BudgetedStream:
         self.content, self.budget = content, budget
 
     def __iter__(self):
-        with connection.execute_wrapper(_bounded):
-            yield from self.content
+        _local.budget = self.budget
+        try:
+            with connection.execute_wrapper(_bounded):
+                yield from self.content
+        finally:
+            _local.budget = None
 
     def close(self):
         try:
@@ -150,14 +166,15 @@ class QueryBudgetMiddleware:
     def __call__(self, request):
         if not budget_ms():
             return self.get_response(request)
-        budget = Budget()
-        budget.start()
+        budget = _local.budget = Budget()
         try:
             with connection.execute_wrapper(_bounded):
                 response = self.get_response(request)
         except BaseException:
             budget.stop()
             raise
+        finally:
+            _local.budget = None
         if response.streaming:
             # The stream is read after this returns: the budget lasts until it is closed.
             response.streaming_content = _BudgetedStream(response.streaming_content, budget)

@@ -179,15 +179,18 @@ def allowed(persona, minimum):
 @pytest.fixture
 def objects(wired):
     owner = make_user("token-owner", VIEWER)
+    # Jobs are an operator's: a job whose creator lost the operator role stops (and its resume
+    # is a 409, recovery/replay/authority.py), which is not what this matrix checks.
+    job_creator = make_user("job-creator", OPERATOR)
     team = Team.objects.create(name="matrix team")
     return {
         "message": make_message(source_queue="matrix.q"),
         "discarded": make_message(status="discarded", status_before_discard="pending"),
         "audit": make_audit(),
         "token": ApiToken.issue(owner)[0],
-        "job": ReplayJob.objects.create(created_by=owner, filters={"queue": "matrix.q"}),
+        "job": ReplayJob.objects.create(created_by=job_creator, filters={"queue": "matrix.q"}),
         "paused_job": ReplayJob.objects.create(
-            created_by=owner, filters={"queue": "matrix.q"}, state=ReplayJob.State.PAUSED
+            created_by=job_creator, filters={"queue": "matrix.q"}, state=ReplayJob.State.PAUSED
         ),
         "rule": AlertRule.objects.create(name="matrix rule", kind="audit"),
         "channel": NotificationChannel.objects.create(
