@@ -8,10 +8,10 @@ a few such requests held every web worker. So each request runs its queries unde
 
 How the budget is set depends on the route to the database (settings DATABASE_POOLED):
 
-- Direct: a session setting, set just before the request's first statement that runs outside a
-  transaction (so no rollback undoes it; statements before it, inside one, get SET LOCAL; a
-  request that queries nothing pays nothing) and put back when the response is done (for a
-  streamed export: when the stream ends or is closed). One statement each way.
+- Direct: a session setting, set just before the request's first statement (a request that
+  queries nothing pays nothing; the first statement is the session's or the user's lookup,
+  outside any transaction, so no rollback undoes it) and put back when the response is done
+  (for a streamed export: when the stream ends or is closed). One statement each way.
 - Through a transaction-mode pooler (PgBouncer), a session setting would stay on a server
   connection other clients share. Each statement instead runs with ``SET LOCAL``
   (``set_config(..., true)``): inside a transaction, just before it (a savepoint rolled back
@@ -61,11 +61,24 @@ def budget_detail():
 _local = threading.local()
 
 
-def _set_local_budget(conn):
-    # On psycopg's connection itself: no execute wrapper runs for this statement.
-    conn.connection.execute(
-        "SELECT set_config('statement_timeout', %s, true)", [f"{budget_ms()}ms"]
-    )
+# Transaction control runs at once, and after an error (ROLLBACK TO SAVEPOINT) nothing else
+# may run before it: these statements get no budget of their own.
+_CONTROL = ("SAVEPOINT", "RELEASE", "ROLLBACK", "COMMIT")
+_LOWER_LOCAL_BUDGET = (
+    "SELECT set_config('statement_timeout', %s, true) FROM pg_settings "
+    "WHERE name = 'statement_timeout' AND (setting::int = 0 OR setting::int > %s)"
+)
+
+
+def _set_local_budget(conn, sql):
+    raw = conn.connection
+    if raw.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+        return
+    if isinstance(sql, str) and sql.lstrip()[:9].upper().startswith(_CONTROL):
+        return
+    # On psycopg's connection itself: no execute wrapper runs for this statement. Only ever
+    # lowers the limit: a view's own, smaller one (planner_settings) stays in force.
+    raw.execute(_LOWER_LOCAL_BUDGET, [f"{budget_ms()}ms", budget_ms()])
 
 
 def _bounded(execute, sql, params, many, context):
@@ -78,19 +91,16 @@ def _bounded(execute, sql, params, many, context):
             return execute(sql, params, many, context)
         if db.session_state_allowed():
             budget = getattr(_local, "budget", None)
-            if budget is None or budget.started or not conn.in_atomic_block:
-                if budget is not None and not budget.started:
-                    budget.start(conn)
-                return execute(sql, params, many, context)
-            # A session setting made inside a transaction goes if it rolls back: until the
-            # request runs a statement outside one, each gets the budget as SET LOCAL.
+            if budget is not None and not budget.started:
+                budget.start(conn)
+            return execute(sql, params, many, context)
         _local.inner = True
         try:
             if conn.in_atomic_block:
-                _set_local_budget(conn)
+                _set_local_budget(conn, sql)
                 return execute(sql, params, many, context)
             with transaction.atomic(using=conn.alias):
-                _set_local_budget(conn)
+                _set_local_budget(conn, sql)
                 return execute(sql, params, many, context)
         finally:
             _local.inner = False
@@ -102,8 +112,7 @@ def _bounded(execute, sql, params, many, context):
 
 class Budget:
     """The session budget of one request (direct route only): set just before the request's
-    first statement outside a transaction (``start``, from the execute wrapper: a request that
-    queries nothing pays nothing), put back by ``stop`` (idempotent)."""
+    first statement (``start``, from the execute wrapper), put back by ``stop`` (idempotent)."""
 
     def __init__(self):
         self.previous = None
