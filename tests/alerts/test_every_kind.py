@@ -240,15 +240,19 @@ def private_vhost():
 # These two wait for the management API's statistics (refreshed every 5 s) to see consumers and
 # depths change: seconds each, so the quick loop leaves them to make test.
 WAITS_FOR_STATISTICS = {"collector_lag", "queue_without_consumers"}
+# The broker tally counts node-wide dead-letter counters: alone (see the ``serial`` marker).
+NODE_WIDE = {"broker_tally"}
+
+
+def _marks(kind):
+    marks = [pytest.mark.slow] if kind in WAITS_FOR_STATISTICS else []
+    return marks + ([pytest.mark.serial] if kind in NODE_WIDE else [])
 
 
 @pytest.mark.usefixtures("clean_queues")
 @pytest.mark.parametrize(
     "kind",
-    [
-        pytest.param(kind, marks=pytest.mark.slow) if kind in WAITS_FOR_STATISTICS else kind
-        for kind in sorted(LIVES)
-    ],
+    [pytest.param(kind, marks=_marks(kind)) for kind in sorted(LIVES)],
 )
 def test_a_rule_fires_reminds_resolves_and_its_muted_twin_tells_nobody(kind, wired, private_vhost):
     life = LIVES[kind]

@@ -114,6 +114,7 @@ def quiet_node(wired):
     )
 
 
+@pytest.mark.serial
 @pytest.mark.usefixtures("collector", "quiet_node")
 def test_the_tally_matches_what_lazarus_stored_and_counts_what_the_broker_threw_away(
     amqp, client, api, viewer
@@ -173,6 +174,7 @@ def test_the_tally_matches_what_lazarus_stored_and_counts_what_the_broker_threw_
         amqp.exchange_delete("tally.nowhere")
 
 
+@pytest.mark.serial
 @pytest.mark.usefixtures("clean_queues", "quiet_node")
 def test_dead_letters_waiting_are_no_gap_and_a_purged_recovery_queue_is_one(amqp):
     names = settings.RECOVERY_DEAD_LETTER_QUEUE

@@ -20,7 +20,8 @@ from recovery.models import Message
 from tests.helpers import wait_for
 from tests.helpers.replay import dead_letters, run_in_thread
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+# One worker starts the cluster (fixed ports) and runs all of its tests (make test: --dist loadgroup).
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.xdist_group("cluster")]
 
 QUORUM = {"x-queue-type": "quorum"}
 
