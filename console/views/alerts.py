@@ -45,7 +45,7 @@ def alert_list(request):
                 Activity.record(
                     request.user,
                     f"{'alert_rule' if form is rule_form else 'channel'}_created",
-                    detail={"id": saved.pk, "name": saved.name},
+                    saved,
                     via="console",
                 )
             flash.success(request, f"Created {saved.name}.")
@@ -102,12 +102,7 @@ def alert_detail(request, pk):
             _forbidden()
         if form.is_valid():
             form.save()
-            Activity.record(
-                request.user,
-                "alert_rule_changed",
-                detail={"id": rule.pk, "name": rule.name},
-                via="console",
-            )
+            Activity.record(request.user, "alert_rule_changed", rule, via="console")
             flash.success(request, "Saved.")
             return redirect("alert", pk=rule.pk)
     transitions = list(rule.transitions.select_related("rule")[:100])
@@ -138,12 +133,7 @@ def alert_mute(request, pk):
         minutes = form.cleaned_data["minutes"]
         rule.muted_until = timezone.now() + datetime.timedelta(minutes=minutes) if minutes else None
         rule.save(update_fields=["muted_until"])
-        Activity.record(
-            request.user,
-            "alert_rule_muted",
-            detail={"id": rule.pk, "name": rule.name, "minutes": minutes},
-            via="console",
-        )
+        Activity.record(request.user, "alert_rule_muted", rule, {"minutes": minutes}, via="console")
         flash.success(request, f"Muted for {minutes} min." if minutes else "Unmuted.")
     else:
         flash.error(request, "Mute: " + "; ".join(e for es in form.errors.values() for e in es))
@@ -155,9 +145,7 @@ def alert_mute(request, pk):
 @require_POST
 def alert_delete(request, pk):
     rule = get_object_or_404(AlertRule, pk=pk)
-    Activity.record(
-        request.user, "alert_rule_deleted", detail={"id": rule.pk, "name": rule.name}, via="console"
-    )
+    Activity.record(request.user, "alert_rule_deleted", rule, via="console")
     rule.delete()
     flash.success(request, f"Deleted {rule.name}.")
     return redirect("alerts")
@@ -170,10 +158,7 @@ def channel_test(request, pk):
     channel = get_object_or_404(NotificationChannel, pk=pk)
     notification = send_test(channel, request.user)
     Activity.record(
-        request.user,
-        "channel_tested",
-        detail={"id": channel.pk, "name": channel.name, "status": notification.status},
-        via="console",
+        request.user, "channel_tested", channel, {"status": notification.status}, via="console"
     )
     if notification.status == notification.Status.DELIVERED:
         flash.success(request, f"Test notification delivered to {channel.name}.")
@@ -192,12 +177,7 @@ def channel_test(request, pk):
 def channel_rotate_secret(request, pk):
     channel = get_object_or_404(NotificationChannel, pk=pk)
     channel.rotate_secret()
-    Activity.record(
-        request.user,
-        "channel_secret_rotated",
-        detail={"id": channel.pk, "name": channel.name},
-        via="console",
-    )
+    Activity.record(request.user, "channel_secret_rotated", channel, via="console")
     _show_secret_once(request, channel)
     flash.success(request, f"New secret for {channel.name}: receivers must use it from now on.")
     return redirect("alerts")
@@ -211,12 +191,7 @@ def channel_set_enabled(request, pk, enabled):
     channel.enabled = enabled
     channel.save(update_fields=["enabled"])
     verb = "enabled" if enabled else "disabled"
-    Activity.record(
-        request.user,
-        f"channel_{verb}",
-        detail={"id": channel.pk, "name": channel.name},
-        via="console",
-    )
+    Activity.record(request.user, f"channel_{verb}", channel, via="console")
     flash.success(request, f"{channel.name} {verb}.")
     return redirect("alerts")
 
@@ -226,12 +201,7 @@ def channel_set_enabled(request, pk, enabled):
 @require_POST
 def channel_delete(request, pk):
     channel = get_object_or_404(NotificationChannel, pk=pk)
-    Activity.record(
-        request.user,
-        "channel_deleted",
-        detail={"id": channel.pk, "name": channel.name},
-        via="console",
-    )
+    Activity.record(request.user, "channel_deleted", channel, via="console")
     channel.delete()
     flash.success(request, f"Deleted {channel.name}.")
     return redirect("alerts")

@@ -6,10 +6,8 @@ from rest_framework import serializers
 
 from recovery.api.pagination import StrictCursorPagination
 from recovery.api.params import StrictCharField
-from recovery.api.permissions import requires
-from recovery.models import Activity, Role
-
-AdminOnly = requires(Role.ADMIN)
+from recovery.api.permissions import AdminOnly
+from recovery.models import Activity
 
 
 class StrictTeamField(serializers.PrimaryKeyRelatedField):

@@ -30,3 +30,7 @@ class RolePermission(permissions.BasePermission):
 def requires(role):
     """A permission class demanding ``role`` whatever the method (e.g. a POST that only reads)."""
     return type(f"Requires{Role(role).label}", (RolePermission,), {"required": Role(role)})
+
+
+# Admin resources (tokens, teams, rules...): admins only, reads included.
+AdminOnly = requires(Role.ADMIN)

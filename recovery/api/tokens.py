@@ -14,7 +14,7 @@ from rest_framework.response import Response
 
 from recovery.api.pagination import StrictCursorPagination
 from recovery.api.params import StrictBooleanField, validated
-from recovery.api.permissions import requires
+from recovery.api.permissions import AdminOnly
 from recovery.models import (
     Activity,
     ApiToken,
@@ -66,10 +66,6 @@ class TokenSerializer(serializers.ModelSerializer):
 
 class NewestTokenCursorPagination(StrictCursorPagination):
     ordering = ("-created_at", "-id")
-
-
-# Token management is for admins, reads included.
-AdminOnly = requires(Role.ADMIN)
 
 
 class TokenFilterParams(serializers.Serializer):

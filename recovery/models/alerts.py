@@ -85,6 +85,10 @@ class AlertRule(models.Model):
     def __str__(self):
         return f"{self.name} ({self.kind}, {self.state})"
 
+    def activity_detail(self):
+        """What an activity row keeps of a change to it (console and API alike)."""
+        return {"id": self.pk, "name": self.name, "team": self.team.name if self.team else ""}
+
     # The kinds that watch messages (by vhost, queue, exchange): the only ones a team may own;
     # the others watch the broker, the collector or the audit, which are not a team's.
     TEAM_KINDS = (Kind.NEW_FAILURE_GROUP, Kind.OPEN_MESSAGES, Kind.OPEN_GROWTH)
@@ -412,6 +416,10 @@ class NotificationChannel(models.Model):
 
     def __str__(self):
         return f"{self.name} ({self.kind})"
+
+    def activity_detail(self):
+        """What an activity row keeps of a change to it (console and API alike)."""
+        return {"id": self.pk, "name": self.name, "team": self.team.name if self.team else ""}
 
     @property
     def failing(self) -> bool:

@@ -18,7 +18,7 @@ from recovery.api.alerts.serializers import (
     MuteSerializer,
 )
 from recovery.api.bases import ByIdCursorPagination
-from recovery.api.permissions import RolePermission, requires
+from recovery.api.permissions import AdminOnly, RolePermission
 from recovery.models import Activity, AlertRule, NotificationChannel, Role, scope_of
 
 
@@ -43,13 +43,15 @@ class AlertRuleList(generics.ListCreateAPIView):
 
     def perform_create(self, serializer):
         rule = serializer.save()
-        Activity.record(
-            self.request.user,
-            "alert_rule_created",
-            detail={"id": rule.pk, "name": rule.name},
-            via="api",
-            team=scope_of(self.request).acting_team,
-        )
+        _record(self.request, "alert_rule_created", rule)
+
+
+def _record(request, action, target, detail=None):
+    """An activity row of an alert rule's or channel's change through the API: the object says
+    what it keeps of itself (``activity_detail``), as the console's row of the same change does."""
+    Activity.record(
+        request.user, action, target, detail, via="api", team=scope_of(request).acting_team
+    )
 
 
 @extend_schema_view(
@@ -70,22 +72,10 @@ class AlertRuleDetail(generics.RetrieveUpdateDestroyAPIView):
     def perform_update(self, serializer):
         changed = sorted(set(self.request.data) & set(serializer.validated_data))
         rule = serializer.save()
-        Activity.record(
-            self.request.user,
-            "alert_rule_changed",
-            detail={"id": rule.pk, "name": rule.name, "fields": changed},
-            via="api",
-            team=scope_of(self.request).acting_team,
-        )
+        _record(self.request, "alert_rule_changed", rule, {"fields": changed})
 
     def perform_destroy(self, rule):
-        Activity.record(
-            self.request.user,
-            "alert_rule_deleted",
-            detail={"id": rule.pk, "name": rule.name},
-            via="api",
-            team=scope_of(self.request).acting_team,
-        )
+        _record(self.request, "alert_rule_deleted", rule)
         rule.delete()
 
 
@@ -96,7 +86,7 @@ class AlertRuleDetail(generics.RetrieveUpdateDestroyAPIView):
     description="A muted rule keeps its state and history and notifies nobody until then.",
 )
 @api_view(["POST"])
-@permission_classes([requires(Role.ADMIN)])
+@permission_classes([AdminOnly])
 def mute_rule(request, pk):
     rule = get_object_or_404(AlertRule, pk=pk)
     body = MuteSerializer(data=request.data)
@@ -104,30 +94,18 @@ def mute_rule(request, pk):
     minutes = body.validated_data["minutes"]
     rule.muted_until = timezone.now() + datetime.timedelta(minutes=minutes)
     rule.save(update_fields=["muted_until"])
-    Activity.record(
-        request.user,
-        "alert_rule_muted",
-        detail={"id": rule.pk, "name": rule.name, "minutes": minutes},
-        via="api",
-        team=scope_of(request).acting_team,
-    )
+    _record(request, "alert_rule_muted", rule, {"minutes": minutes})
     return Response(AlertRuleSerializer(rule, context={"request": request}).data)
 
 
 @extend_schema(summary="Unmute an alert rule (admin)", request=None, responses=AlertRuleSerializer)
 @api_view(["POST"])
-@permission_classes([requires(Role.ADMIN)])
+@permission_classes([AdminOnly])
 def unmute_rule(request, pk):
     rule = get_object_or_404(AlertRule, pk=pk)
     rule.muted_until = None
     rule.save(update_fields=["muted_until"])
-    Activity.record(
-        request.user,
-        "alert_rule_muted",
-        detail={"id": rule.pk, "name": rule.name, "minutes": 0},
-        via="api",
-        team=scope_of(request).acting_team,
-    )
+    _record(request, "alert_rule_muted", rule, {"minutes": 0})
     return Response(AlertRuleSerializer(rule, context={"request": request}).data)
 
 
@@ -152,13 +130,7 @@ class ChannelList(generics.ListCreateAPIView):
         body = ChannelWriteSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         channel = body.save()
-        Activity.record(
-            request.user,
-            "channel_created",
-            detail={"id": channel.pk, "name": channel.name},
-            via="api",
-            team=scope_of(request).acting_team,
-        )
+        _record(request, "channel_created", channel)
         answer = ChannelWithSecretSerializer(channel, context={"request": request})
         return Response(answer.data, status=201)
 
@@ -187,23 +159,11 @@ class ChannelDetail(generics.RetrieveUpdateDestroyAPIView):
         body.is_valid(raise_exception=True)
         changed = sorted(set(body.validated_data))
         body.save()
-        Activity.record(
-            request.user,
-            "channel_changed",
-            detail={"id": channel.pk, "name": channel.name, "fields": changed},
-            via="api",
-            team=scope_of(request).acting_team,
-        )
+        _record(request, "channel_changed", channel, {"fields": changed})
         return Response(ChannelSerializer(channel, context={"request": request}).data)
 
     def perform_destroy(self, channel):
-        Activity.record(
-            self.request.user,
-            "channel_deleted",
-            detail={"id": channel.pk, "name": channel.name},
-            via="api",
-            team=scope_of(self.request).acting_team,
-        )
+        _record(self.request, "channel_deleted", channel)
         channel.delete()
 
 
@@ -214,15 +174,9 @@ class ChannelDetail(generics.RetrieveUpdateDestroyAPIView):
     description="The old secret stops signing at once: receivers must switch to the new one.",
 )
 @api_view(["POST"])
-@permission_classes([requires(Role.ADMIN)])
+@permission_classes([AdminOnly])
 def rotate_channel_secret(request, pk):
     channel = get_object_or_404(NotificationChannel, pk=pk)
     channel.rotate_secret()
-    Activity.record(
-        request.user,
-        "channel_secret_rotated",
-        detail={"id": channel.pk, "name": channel.name},
-        via="api",
-        team=scope_of(request).acting_team,
-    )
+    _record(request, "channel_secret_rotated", channel)
     return Response(ChannelWithSecretSerializer(channel, context={"request": request}).data)
