@@ -25,7 +25,8 @@ CONSUMED = ("ack", "duplicate_skipped")
 REASONS = ("rejected", "expired", "maxlen", "delivery_limit")
 GIVE_UP_STATES = ("returned", "nacked", "unconfirmed")
 
-TOTAL_NAMES = (
+# The audit metrics (recovery/models/audit.py COUNT_METRICS) the simulator knows the truth of.
+AUDITED_NAMES = (
     "distinct_published",
     "publish_attempts",
     "producer_retries",
@@ -46,6 +47,9 @@ TOTAL_NAMES = (
     "dup_consumer_reprocessing",
     "orphan_consumptions",
     "malformed_lines",
+)
+TOTAL_NAMES = (
+    *AUDITED_NAMES,
     # Not audit metrics: what the simulator did and what the broker should now hold.
     "unroutable",
     "consumer_crashes",
