@@ -2,13 +2,14 @@
 imports included.
 
 The floors, lowest first (``FLOORS``): the client library other teams embed; pure leaves with no
-models (errors, the dead-letter header vocabulary, globs, the database helpers); the engines
-that read bodies and mask them, which know nothing of the models (``recovery.masking``'s policy
-and trial read the rules, so they are domains) and talk to the broker (``recovery.broker``; its
+models (errors, the dead-letter header vocabulary, globs, the database helpers); the engines that
+read bodies and mask them, and the OpenTelemetry span intake (``recovery.telemetry``: decoding,
+rows, their Parquet store), which know nothing of the models (``recovery.masking``'s policy and
+trial read the rules, so they are domains) and talk to the broker (``recovery.broker``; its
 ``tasks`` write the tally's samples, so they are a domain); the models (``recovery.access``'s
-models, teams, scope and SSO mappings too; its request helpers, SSO provisioning and login
-throttle are domains); the domains that
-act on the store and the broker; the API, management commands and Django's wiring; the console.
+models, teams, scope and SSO mappings too; its request helpers, SSO provisioning and login throttle
+are domains); the domains that act on the store and the broker; the API, management commands and
+Django's wiring; the console.
 A module may import its own floor and the floors below. ``spark`` is a floor of its own: it runs
 under spark-submit with no Django, and imports nothing of the rest.
 
@@ -35,7 +36,7 @@ FLOORS = (
         "recovery.db",
         "recovery",  # the package's own __init__ (empty)
     ),
-    ("recovery.bodies", "recovery.masking", "recovery.broker"),
+    ("recovery.bodies", "recovery.masking", "recovery.broker", "recovery.telemetry"),
     ("recovery.models", "recovery.access"),
     (
         "recovery.collector",
