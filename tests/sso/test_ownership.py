@@ -23,13 +23,6 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def payments():
-    team = Team.objects.create(name="payments")
-    GroupMapping.objects.create(group="payments-oncall", team=team, team_role="operator")
-    return team
-
-
-@pytest.fixture
 def billing():
     team = Team.objects.create(name="billing")
     GroupMapping.objects.create(group="staff", team=team, team_role="viewer")

@@ -15,20 +15,12 @@ from recovery.models import (
     Membership,
     Role,
     SsoIdentity,
-    Team,
     global_role_of,
     role_of,
 )
 from tests.sso.fixtures import PROVIDER_NAME, provider_sign_in
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def payments():
-    team = Team.objects.create(name="payments")
-    GroupMapping.objects.create(group="payments-oncall", team=team, team_role="operator")
-    return team
 
 
 @pytest.fixture
