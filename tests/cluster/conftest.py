@@ -1,5 +1,5 @@
 """A real three-node RabbitMQ cluster beside the default node (scripts/rabbitmq-cluster.sh):
-started once for this package, pointed at by the settings of each test, its nodes killed and
+started once per test process that runs this package, pointed at by the settings of each test, its nodes killed and
 stopped by the tests and brought back after each."""
 
 import re
@@ -76,7 +76,10 @@ class Cluster:
         self.down.clear()
 
 
-@pytest.fixture(scope="package")
+# Session-scoped, not package: under pytest-xdist a worker may run other packages' tests between
+# this package's, and a package fixture would stop and start the cluster each time (a restart
+# that raced the stop failed once). make test sends all of them to one worker (xdist_group).
+@pytest.fixture(scope="session")
 def cluster():
     script("stop")  # what an interrupted run left behind
     script("start")
