@@ -1,4 +1,4 @@
-.PHONY: setup run test lint client-wheel
+.PHONY: setup run test quick lint client-wheel
 
 setup:
 	./scripts/setup.sh
@@ -19,6 +19,11 @@ test: setup
 	.venv/bin/python -m pytest -m "not disruptive and not serial" -n $(TEST_WORKERS) --dist loadgroup --durations=25
 	.venv/bin/python -m pytest -m "serial and not disruptive"
 	.venv/bin/python -m pytest --run-disruptive -m disruptive
+
+# The quick loop while iterating: everything but the slow, serial and disruptive tests (a few
+# Spark audits stay in, marked quick), in TEST_WORKERS processes; no setup, no lint.
+quick:
+	.venv/bin/python -m pytest -m "not slow and not disruptive and not serial" -n $(TEST_WORKERS) --dist loadgroup -q
 
 lint:
 	.venv/bin/ruff check .

@@ -22,10 +22,14 @@ def pytest_collection_modifyitems(items):
     is ``slow``: starting the JVM takes seconds and each audit a dozen jobs. The rest (the
     rules the audit computes on the driver: segments, provenance, topic patterns, the latency
     histogram's spread, the names the console shares with the job) runs in the quick loop.
+    A few audits stay in the quick loop all the same (marked ``quick``): one per rule family
+    (lost with its evidence, recovered, a broker redelivery, an orphan, an input gap, a missing
+    log, an unclaimed message), so a change that breaks an audit rule fails there first.
     (A conftest's hook sees every test of the session: only this directory's are marked.)"""
     for item in items:
         if item.path.is_relative_to(HERE) and "spark" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.slow)
+            if "quick" not in item.keywords:
+                item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

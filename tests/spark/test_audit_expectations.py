@@ -136,6 +136,7 @@ def test_an_exchange_no_binding_knows_is_held_to_the_group_that_consumed_it(spar
     assert {w["code"]: w["count"] for w in warnings(totals)} == {"unbound_consumption": 37}
 
 
+@pytest.mark.quick
 def test_a_confirmed_message_no_group_was_expected_to_receive_is_unclaimed_with_its_id(audit):
     totals, out = audit(
         producers=[
@@ -159,6 +160,7 @@ def test_a_confirmed_message_no_group_was_expected_to_receive_is_unclaimed_with_
     assert {w["code"] for w in warnings(totals)} == {"unclaimed"}
 
 
+@pytest.mark.quick
 def test_a_bound_group_without_any_line_is_a_missing_log_and_its_messages_unverified(audit):
     totals, out = audit(
         producers=[publish("m1", at(10)), publish("m2", at(10, 30)), publish("m3", at(11))],

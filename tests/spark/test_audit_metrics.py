@@ -74,6 +74,7 @@ def test_it_attributes_an_unflagged_second_delivery_of_a_retried_publish_to_the_
     )
 
 
+@pytest.mark.quick
 def test_it_attributes_a_redelivered_delivery_to_the_broker(audit):
     totals, _ = audit(
         producers=[publish("m1", at(10))],
@@ -96,6 +97,7 @@ def test_it_counts_a_second_handling_without_cause_as_consumer_reprocessing(audi
     assert pick(totals, expected) == expected
 
 
+@pytest.mark.quick
 def test_it_counts_dead_lettered_then_replayed_then_consumed_as_recovered_not_lost(audit):
     totals, out = audit(
         producers=[publish("m1", at(10))],
@@ -242,6 +244,7 @@ def test_the_latency_histogram_spreads_each_bucket_back_to_its_milliseconds():
     assert metrics.histogram_rows(buckets.slice(0, 0)).num_rows == 0
 
 
+@pytest.mark.quick
 def test_it_counts_a_consumption_nobody_logged_publishing_as_an_orphan(audit):
     totals, out = audit(
         producers=[publish("m1", at(10))],
@@ -260,6 +263,7 @@ def test_it_counts_a_consumption_nobody_logged_publishing_as_an_orphan(audit):
     assert [r.message_id for r in out["orphans"].collect()] == ["ghost"]
 
 
+@pytest.mark.quick
 def test_it_reports_a_confirmed_message_nobody_consumed_as_lost_with_evidence(spark, audit):
     totals, out = audit(
         producers=[publish("m1", at(10)), publish("m2", at(10, 1))],
@@ -393,6 +397,7 @@ def test_it_counts_malformed_lines_without_failing(spark, tmp_path):
     spark.catalog.clearCache()
 
 
+@pytest.mark.quick
 def test_it_flags_an_input_gap_and_does_not_call_its_messages_lost(spark, audit):
     totals, out = audit(
         producers=[
