@@ -48,7 +48,7 @@ def waiting_backends():
     with psycopg.connect(db.database_conninfo("budget-test-probe")) as probe:
         return probe.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND query LIKE '%%recovery_message%%'"
+            "AND query LIKE '%%recovery_message%%' AND datname = current_database()"
         ).fetchone()[0]
 
 
