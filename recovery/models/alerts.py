@@ -10,6 +10,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from recovery.access.scope import Scope
 from recovery.models.masking import MaskingRules
 
 
@@ -115,8 +116,6 @@ class AlertRule(models.Model):
         may have changed since (``recovery.alerts.checks.run_check``)."""
         if self.team_id is None:
             return {}
-        from recovery.access.scope import Scope
-
         problems = {}
         if self.kind not in self.TEAM_KINDS:
             problems["kind"] = "a team's rule watches messages: " + ", ".join(self.TEAM_KINDS)
