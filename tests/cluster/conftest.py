@@ -1,6 +1,6 @@
 """A real three-node RabbitMQ cluster beside the default node (scripts/rabbitmq-cluster.sh):
-started once per test process that runs this package, pointed at by the settings of each test, its nodes killed and
-stopped by the tests and brought back after each."""
+started once per test process that runs this package, pointed at by the settings of each test,
+its nodes killed and stopped by the tests and brought back after each."""
 
 import re
 import subprocess

@@ -20,7 +20,7 @@ from recovery.models import Message
 from tests.helpers import wait_for
 from tests.helpers.replay import dead_letters, run_in_thread
 
-# One worker starts the cluster (fixed ports) and runs all of its tests (make test: --dist loadgroup).
+# One worker starts the cluster (fixed ports) and runs all its tests (make test: --dist loadgroup).
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.xdist_group("cluster")]
 
 QUORUM = {"x-queue-type": "quorum"}

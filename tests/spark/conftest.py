@@ -27,9 +27,9 @@ def pytest_collection_modifyitems(items):
     log, an unclaimed message), so a change that breaks an audit rule fails there first.
     (A conftest's hook sees every test of the session: only this directory's are marked.)"""
     for item in items:
-        if item.path.is_relative_to(HERE) and "spark" in getattr(item, "fixturenames", ()):
-            if "quick" not in item.keywords:
-                item.add_marker(pytest.mark.slow)
+        needs_session = "spark" in getattr(item, "fixturenames", ())
+        if item.path.is_relative_to(HERE) and needs_session and "quick" not in item.keywords:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
