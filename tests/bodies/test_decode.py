@@ -19,8 +19,8 @@ ORDER_JSON = json.dumps(ORDER).encode()
 @pytest.mark.parametrize(
     ("encoding", "content_type", "body", "chain"),
     [
-        ("gzip", "application/json", gzip.compress(ORDER_JSON), ["gzip", "json"]),
-        ("x-gzip", "application/json", gzip.compress(ORDER_JSON), ["gzip", "json"]),
+        ("gzip", "application/json", gzip.compress(ORDER_JSON, mtime=0), ["gzip", "json"]),
+        ("x-gzip", "application/json", gzip.compress(ORDER_JSON, mtime=0), ["gzip", "json"]),
         ("deflate", "application/json", zlib.compress(ORDER_JSON), ["deflate", "json"]),
         ("deflate", "application/json", zlib.compress(ORDER_JSON, wbits=-15), ["deflate", "json"]),
         ("zstd", "application/json", zstandard.compress(ORDER_JSON), ["zstd", "json"]),
@@ -28,7 +28,7 @@ ORDER_JSON = json.dumps(ORDER).encode()
         (
             "gzip, base64",  # gzipped first, then base64'd: undone base64 first
             "application/vnd.orders+json",
-            base64.b64encode(gzip.compress(ORDER_JSON)),
+            base64.b64encode(gzip.compress(ORDER_JSON, mtime=0)),
             ["base64", "gzip", "json"],
         ),
         ("", "application/msgpack", msgpack.packb(ORDER), ["msgpack"]),
@@ -101,13 +101,18 @@ def test_msgpack_bytes_are_base64_and_come_back_as_bytes():
 @pytest.mark.parametrize(
     ("encoding", "content_type", "body", "error"),
     [
-        ("gzip", "application/json", gzip.compress(ORDER_JSON)[:-12], "gzip: truncated stream"),
+        (
+            "gzip",
+            "application/json",
+            gzip.compress(ORDER_JSON, mtime=0)[:-12],
+            "gzip: truncated stream",
+        ),
         ("gzip", "application/json", b"not gzip at all", "gzip: corrupt stream"),
         ("zstd", "application/json", zstandard.compress(ORDER_JSON)[:-6], "zstd: truncated"),
         ("zstd", "", b"\x28\xb5\x2f\xfd garbage", "zstd: corrupt stream"),
         ("base64", "", b"%%%not base64", "base64: not base64"),
         ("br", "application/json", b"\x8b\x02\x80", "unknown content_encoding 'br'"),
-        ("gzip", "application/json", gzip.compress(b"{not json"), "json: not JSON"),
+        ("gzip", "application/json", gzip.compress(b"{not json", mtime=0), "json: not JSON"),
         ("", "application/msgpack", b"\xc1", "msgpack: not MessagePack"),
     ],
 )
