@@ -289,7 +289,7 @@ def test_a_real_disk_alarm_fires_blocks_publishers_and_resolves(client, viewer):
         publisher.process_data_events(0)
         wait_for(
             lambda: any(
-                c.get("state") in ("blocked", "blocking")
+                isinstance(c, dict) and c.get("state") in ("blocked", "blocking")
                 for c in management.request("GET", "/connections?columns=state")
             ),
             timeout=20,
@@ -322,7 +322,7 @@ def test_a_real_disk_alarm_fires_blocks_publishers_and_resolves(client, viewer):
     wait_for(
         lambda: (
             not any(
-                c.get("state") in ("blocked", "blocking")
+                isinstance(c, dict) and c.get("state") in ("blocked", "blocking")
                 for c in management.request("GET", "/connections?columns=state")
             )
         ),
