@@ -25,6 +25,7 @@ from console.views import (
     teams,
     users,
 )
+from recovery.api import traces
 from recovery.api.errors import api_not_found
 
 urlpatterns = [
@@ -88,6 +89,11 @@ urlpatterns = [
     path("audits/", audits.audit_list, name="audits"),
     path("audits/<int:pk>/", audits.audit_detail, name="audit"),
     path("audits/<int:pk>/evidence", audits.audit_evidence, name="audit-evidence"),
+    path(
+        "audits/<int:pk>/replay-recoverable",
+        audits.audit_replay_recoverable,
+        name="audit-replay-recoverable",
+    ),
     path("alerts/", alerts.alert_list, name="alerts"),
     path("alerts/<int:pk>/", alerts.alert_detail, name="alert"),
     path("alerts/<int:pk>/mute", alerts.alert_mute, name="alert-mute"),
@@ -120,6 +126,8 @@ urlpatterns = [
     path("favicon.ico", health.favicon),
     path("admin/", admin.site.urls),
     path("api/v1/", include("recovery.api.urls")),
+    # OTLP/HTTP's own path: exporters append /v1/traces to OTEL_EXPORTER_OTLP_ENDPOINT.
+    path("v1/traces", traces.export_traces, name="otlp-traces"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),
     # Last: any other /api/ URL is a problem+json 404, with DEBUG on too.

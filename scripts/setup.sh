@@ -84,3 +84,12 @@ if ! sha256sum -c --status "$provider_stamp" 2>/dev/null; then
   (cd tests/sso/provider && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
   sha256sum tests/sso/provider/package-lock.json > "$provider_stamp"
 fi
+
+# The instrumented Node service of the span-audit tests (tests/telemetry/services/node: amqplib
+# with @opentelemetry/instrumentation-amqplib, pinned in its package-lock.json; Node.js 20.6+).
+amqplib_service_stamp=tests/telemetry/services/node/node_modules/.package-lock.sha256
+if ! sha256sum -c --status "$amqplib_service_stamp" 2>/dev/null; then
+  say "installing the instrumented Node service (npm ci in tests/telemetry/services/node)"
+  (cd tests/telemetry/services/node && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+  sha256sum tests/telemetry/services/node/package-lock.json > "$amqplib_service_stamp"
+fi
