@@ -503,6 +503,29 @@ REPLAY_BREAKER_MIN_SAMPLE = env_int("REPLAY_BREAKER_MIN_SAMPLE", 20, minimum=1)
 # Audit (spark/).
 AUDIT_PRODUCER_LOGS = env_str("AUDIT_PRODUCER_LOGS", str(BASE_DIR / "var" / "logs" / "producer"))
 AUDIT_CONSUMER_LOGS = env_str("AUDIT_CONSUMER_LOGS", str(BASE_DIR / "var" / "logs" / "consumer"))
+# OpenTelemetry spans (#47, recovery/telemetry/): where the span intake writes the messaging spans
+# (Parquet, dt=YYYY-MM-DD/hour=HH/; a local path, s3a:// or hdfs://) and the audit reads them.
+AUDIT_SPANS = env_str("AUDIT_SPANS", str(BASE_DIR / "var" / "spans"))
+# The intake (POST /v1/traces, recovery/api/traces.py): a body's limit as sent and inflated, the
+# batches one process writes at once, the free disk below which it refuses (503), and the
+# Retry-After it sends with a 503.
+OTLP_MAX_BODY_BYTES = env_int("OTLP_MAX_BODY_BYTES", 16 * 1024**2, minimum=1)
+OTLP_MAX_INFLATED_BYTES = env_int("OTLP_MAX_INFLATED_BYTES", 64 * 1024**2, minimum=1)
+OTLP_MAX_IN_FLIGHT = env_int("OTLP_MAX_IN_FLIGHT", 4, minimum=1)
+OTLP_MIN_FREE_BYTES = env_int("OTLP_MIN_FREE_BYTES", 512 * 1024**2, minimum=0)
+OTLP_RETRY_AFTER_SECONDS = env_int("OTLP_RETRY_AFTER_SECONDS", 5, minimum=1)
+# The broker as a witness (#48, recovery/broker/trace.py): where the firehose tap writes its
+# publish/deliver and coverage records (Parquet, dt=YYYY-MM-DD/hour=HH/), the trace queue's name,
+# type ("auto": a stream on RabbitMQ 4.0+, a quorum queue before: 3.10 routes no firehose
+# message into a stream) and a stream's retention.
+AUDIT_TRACE = env_str("AUDIT_TRACE", str(BASE_DIR / "var" / "trace"))
+RECOVERY_TRACE_QUEUE = env_str("RECOVERY_TRACE_QUEUE", "recovery.trace")
+TRACE_QUEUE_TYPE = env_str("TRACE_QUEUE_TYPE", "auto")
+TRACE_MAX_AGE = env_str("TRACE_MAX_AGE", "7D")
+TRACE_MAX_LENGTH_BYTES = env_int("TRACE_MAX_LENGTH_BYTES", 20 * 1024**3, minimum=1)
+TRACE_FLUSH_SECONDS = env_float("TRACE_FLUSH_SECONDS", 5.0)
+TRACE_BATCH = env_int("TRACE_BATCH", 5000, minimum=1)
+TRACE_TAP_ENABLED = env_bool("TRACE_TAP_ENABLED", False)
 SPARK_MASTER = env_str("SPARK_MASTER", "local[*]")
 # Where each audit puts its store export, bindings and the job's outputs (empty: the system's
 # temporary directory). With SPARK_MASTER a cluster on other machines, it must be storage the

@@ -17,11 +17,13 @@ from datetime import UTC, date, datetime, timedelta
 if __package__ in (None, ""):  # run as a script by spark-submit: make `spark.*` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.util import inheritable_thread_target
 
 from spark import evidence, expectations, log_facts, metrics, rollup
+from spark import spans as spans_module
 from spark.schema import (
     CONSUMER_LOG_SCHEMA,
     CONSUMER_REQUIRED,
@@ -43,6 +45,8 @@ OUTPUTS = (
     "duplicates",
     "orphans",
     "unclaimed",
+    "recoverable",
+    "received_unknown",
     "input_gaps",
     "expectations",
     "manifest",
@@ -77,8 +81,11 @@ def run_audit(
     grace: timedelta | int = 60,
     sla_ms: int = 5000,
     now: datetime | str | None = None,
+    spans: str | None = None,
 ) -> dict[str, DataFrame]:
     """Reconcile one UTC day. ``grace`` is a timedelta or minutes; ``now`` defaults to the clock.
+    ``spans``: the OpenTelemetry span rows' directory (``AUDIT_SPANS``), read beside the logs
+    (``read_span_facts``); None or no file of the day: the logs alone, as before.
 
     Reads producer logs from (day - max(1h, grace)) to (day end + grace) and consumer logs from the
     day start to (day end + grace). Returns the DataFrames named in ``OUTPUTS``; the shared
@@ -99,6 +106,15 @@ def run_audit(
     consumer_raw = read_logs(
         spark, consumer_files, consumer_logs, CONSUMER_LOG_SCHEMA, CONSUMER_REQUIRED
     )
+    span_files = (
+        list_log_files(spark, spans, _span_hours(day_start, math.ceil(grace_ms / HOUR_MS)))
+        if spans
+        else []
+    )
+    if span_files:
+        producer_raw, consumer_raw = with_span_facts(
+            spark, producer_raw, consumer_raw, producer_files, consumer_files, span_files, spans
+        )
     outputs = audit_frames(
         producer_raw,
         consumer_raw,
@@ -109,8 +125,51 @@ def run_audit(
         sla_ms,
         now_ms,
     )
-    outputs["manifest"] = manifest_frame(spark, producer_files, consumer_files)
+    outputs["manifest"] = manifest_frame(spark, producer_files, consumer_files, span_files)
     return outputs
+
+
+def _span_hours(day_start, grace_hours: int):
+    """The span partitions an audit of the day reads: the producer logs' look-back to the
+    grace after the day (consumer spans of the day's messages lie within it)."""
+    lookback_hours = max(1, grace_hours)
+    return hour_partitions(
+        day_start - timedelta(hours=lookback_hours), 24 + lookback_hours + grace_hours
+    )
+
+
+def read_span_facts(spark: SparkSession, span_files, base: str):
+    """The span rows of ``span_files`` (Parquet, ``spans.SPAN_READ_SCHEMA``'s columns by name)
+    -> ``spans.span_facts``' (producer, consumer) frames."""
+    rows = (
+        spark.read.schema(spans_module.SPAN_READ_SCHEMA)
+        .option("basePath", base)
+        .parquet(*[f.path for f in span_files])
+    )
+    return spans_module.span_facts(rows)
+
+
+def with_span_facts(
+    spark, producer_raw, consumer_raw, producer_files, consumer_files, span_files, base
+):
+    """The logs' frames with the span facts no log line describes (``spans.merged``: the log
+    wins), each with its ``source``. They are computed once here (the spans' nesting joins,
+    the merge) and checkpointed: the summary, the main pass and the exact path read them."""
+    span_producers, span_consumers = read_span_facts(spark, span_files, base)
+    producers = (
+        spans_module.merged(producer_raw, span_producers, ("message_id",))
+        if producer_files
+        else span_producers
+    )
+    consumers = (
+        spans_module.merged(consumer_raw, span_consumers, ("message_id", "consumer_group"))
+        if consumer_files
+        else span_consumers
+    )
+    return tuple(
+        frame.localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
+        for frame in (producers, consumers)
+    )
 
 
 def _day_files(
@@ -220,7 +279,7 @@ def audit_outputs(
     )
     malformed_by_hour, hours, gaps = _input_frames(spark, facts, day_start_ms)
     provenance = log_facts.local_frame(spark, facts.provenance, log_facts.PROVENANCE_COLUMNS)
-    return {
+    outputs = {
         "windows": metrics.window_metrics(
             rolled,
             log_facts.local_frame(spark, by_key, metrics.QUANTILE_COLUMNS),
@@ -245,6 +304,12 @@ def audit_outputs(
         "duplicates": evidence.duplicate_evidence(evidence.listing(rolled, listed, "duplicates")),
         "orphans": evidence.orphan_evidence(evidence.listing(rolled, listed, "orphans")),
         "unclaimed": evidence.unclaimed_evidence(evidence.listing(rolled, listed, "unclaimed")),
+        "recoverable": evidence.recoverable_evidence(
+            evidence.listing(rolled, listed, "recoverable")
+        ),
+        "received_unknown": evidence.received_unknown_evidence(
+            evidence.listing(rolled, listed, "received_unknown")
+        ),
         "input_gaps": evidence.gap_evidence(gaps),
         "expectations": provenance.selectExpr(
             "exchange",
@@ -257,6 +322,13 @@ def audit_outputs(
             "AS expected_until",
         ),
     }
+    if facts.has_spans:  # each evidence row names what it was read from (log, span, both)
+        for name in ("lost", "duplicates", "orphans", "unclaimed", "recoverable"):
+            outputs[name] = evidence.with_sources(outputs[name], facts.sources)
+        outputs["received_unknown"] = evidence.with_sources(
+            outputs["received_unknown"], facts.sources
+        )
+    return outputs
 
 
 def _input_frames(spark, facts, day_start_ms):
@@ -292,10 +364,11 @@ def _input_frames(spark, facts, day_start_ms):
     return malformed_by_hour, hours, gaps
 
 
-def manifest_frame(spark: SparkSession, producer_files, consumer_files) -> DataFrame:
+def manifest_frame(spark: SparkSession, producer_files, consumer_files, span_files=()) -> DataFrame:
     """The input manifest: every file read, with its size (rows are in ``totals``)."""
     rows = [("producer", f.path, f.size) for f in producer_files]
     rows += [("consumer", f.path, f.size) for f in consumer_files]
+    rows += [("span", f.path, f.size) for f in span_files]
     return log_facts.local_frame(
         spark, rows, [("source", "string"), ("path", "string"), ("bytes", "bigint")]
     )
@@ -353,6 +426,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--producer-logs", required=True)
     parser.add_argument("--consumer-logs", required=True)
     parser.add_argument("--store", help="Parquet export of the recovery store slice")
+    parser.add_argument("--spans", help="OpenTelemetry span rows (AUDIT_SPANS), beside the logs")
     parser.add_argument("--bindings", required=True, help="JSON list of bindings")
     parser.add_argument("--out", required=True)
     parser.add_argument("--grace-minutes", type=int, default=60)
@@ -382,6 +456,7 @@ def main(argv=None) -> int:
             grace=args.grace_minutes,
             sla_ms=args.sla_ms,
             now=args.now,
+            spans=args.spans,
         )
         totals = write_outputs(outputs, args.out)
         print(json.dumps(totals, sort_keys=True))

@@ -22,6 +22,8 @@ LISTED = {
     "duplicates": f"NOT orphan AND evidence IS NOT NULL AND ({_DUPLICATED})",
     "orphans": "orphan",
     "unclaimed": "evidence.unclaimed",
+    "recoverable": "evidence.recoverable",
+    "received_unknown": "evidence.received_unknown",
 }
 
 
@@ -72,7 +74,8 @@ def lost_evidence(rolled: DataFrame, provenance, day_start_ms: int) -> DataFrame
         "consumer_group",
         "evidence.message_id",
         "CAST(evidence.attempts AS int) AS attempts",
-        "CASE WHEN in_input_gap THEN 'unverified' ELSE 'lost' END AS verdict",
+        "CASE WHEN in_input_gap THEN 'unverified' "
+        "WHEN evidence.sent THEN 'lost_confirmation_unknown' ELSE 'lost' END AS verdict",
         "evidence.store_id",
     )
     segments = local_frame(
@@ -97,6 +100,63 @@ def lost_evidence(rolled: DataFrame, provenance, day_start_ms: int) -> DataFrame
     return lost.join(F.broadcast(segments), on=on, how="left").select(
         *[c for c in lost.columns if c != "window_ms"], "expected_by"
     )
+
+
+def recoverable_evidence(rolled: DataFrame) -> DataFrame:
+    """The expected pairs no consumer of the group received whose message is dead-lettered for
+    the group and in Lazarus: ``store_id`` is that dead letter (the audit page links it and
+    replays them as one job)."""
+    return rolled.where(LISTED["recoverable"]).selectExpr(
+        "timestamp_millis(window_ms) AS window_start",
+        "exchange",
+        "evidence.routing_key",
+        "consumer_group",
+        "evidence.message_id",
+        "CAST(evidence.attempts AS int) AS attempts",
+        "CASE WHEN evidence.sent THEN 'confirmation_unknown' ELSE 'confirmed' END AS published",
+        "evidence.dead_letter_id AS store_id",
+    )
+
+
+def received_unknown_evidence(rolled: DataFrame) -> DataFrame:
+    """The expected pairs whose only consumer evidence is a failed span: received, outcome
+    unknown (requeued, rejected or acked: the span cannot say); neither lost nor handled."""
+    return rolled.where(LISTED["received_unknown"]).selectExpr(
+        "timestamp_millis(window_ms) AS window_start",
+        "exchange",
+        "evidence.routing_key",
+        "consumer_group",
+        "evidence.message_id",
+        "evidence.store_id",
+    )
+
+
+def with_sources(evidence: DataFrame, sources) -> DataFrame:
+    """Adds ``producer_source`` and ``consumer_source`` (``log``, ``span`` or ``log+span``):
+    what the audit read for the row's exchange and routing key and for its group that day
+    (``LogFacts.sources``: (side, name, sources) rows, small: a broadcast join each)."""
+    spark = evidence.sparkSession
+    producer = local_frame(
+        spark,
+        [(ex, rk, src) for side, ex, rk, src in sources if side == "producer"],
+        [("s_exchange", "string"), ("s_routing_key", "string"), ("producer_source", "string")],
+    )
+    consumer = local_frame(
+        spark,
+        [(group, src) for side, group, _, src in sources if side == "consumer"],
+        [("s_group", "string"), ("consumer_source", "string")],
+    )
+    out = evidence
+    if "routing_key" in evidence.columns:
+        on = (F.col("exchange") == F.col("s_exchange")) & (
+            F.coalesce(F.col("routing_key"), F.lit("")) == F.col("s_routing_key")
+        )
+        out = out.join(F.broadcast(producer), on=on, how="left").drop("s_exchange", "s_routing_key")
+    if "consumer_group" in evidence.columns:
+        out = out.join(
+            F.broadcast(consumer), on=F.col("consumer_group") == F.col("s_group"), how="left"
+        ).drop("s_group")
+    return out
 
 
 def unclaimed_evidence(rolled: DataFrame) -> DataFrame:

@@ -50,7 +50,15 @@ def log_summary(producer_raw: DataFrame, consumer_raw: DataFrame) -> DataFrame:
     group and queue). The hashes are computed on the counted rows, not on every line."""
 
     def lines(frame: DataFrame, process: str, a: str, b: Column, acked: Column) -> DataFrame:
-        keys = [F.col(process).alias("process"), "file_hour_ms", F.col(a).alias("a"), b.alias("b")]
+        # where the lines come from (spark/spans.py: "log" or "span"), for the evidence
+        origin = F.col("source") if "source" in frame.columns else F.lit("log")
+        keys = [
+            F.col(process).alias("process"),
+            "file_hour_ms",
+            F.col(a).alias("a"),
+            b.alias("b"),
+            origin.alias("origin"),
+        ]
         source = F.lit("producer" if process == "producer" else "consumer").alias("source")
 
         def count(rows: DataFrame, malformed: Column) -> DataFrame:
@@ -66,6 +74,7 @@ def log_summary(producer_raw: DataFrame, consumer_raw: DataFrame) -> DataFrame:
                     "b",
                     "lines",
                     "acked",
+                    "origin",
                 )
             )
 
@@ -78,7 +87,8 @@ def log_summary(producer_raw: DataFrame, consumer_raw: DataFrame) -> DataFrame:
         "producer",
         "exchange",
         F.coalesce("routing_key", F.lit("")),
-        F.col("outcome") == "ack",
+        # a span's publish (``sent``) expects its groups as an acked line does
+        F.col("outcome").isin("ack", "sent"),
     ).unionByName(
         lines(
             consumer_raw,
@@ -102,6 +112,7 @@ def log_summary(producer_raw: DataFrame, consumer_raw: DataFrame) -> DataFrame:
         f"CASE WHEN NOT {producer} THEN xxhash64(a) END AS group_hash",
         "lines",
         "malformed",
+        "origin",
     )
 
 
@@ -117,6 +128,7 @@ def valid_and_malformed(summary) -> tuple[list, list]:
         "routing_key",
         "consumer_group",
         "queue",
+        "origin",
     )
     less = defaultdict(lambda: [0, 0])
     for row in bad:
@@ -233,6 +245,13 @@ class LogFacts:
     # Whether a group that logged lines has a producer key no binding or configuration names
     # it for: only then can the rollup show unbound consumption (and observed expectations).
     unbound_possible: bool = True
+    # (side, exchange or group, routing key or null, "log" | "span" | "log+span"): what the
+    # audit read for each producer key and consumer group (the evidence's sources)
+    sources: tuple = ()
+
+    @property
+    def has_spans(self) -> bool:
+        return any("span" in src for *_, src in self.sources)
 
     @classmethod
     def from_summary(
@@ -312,6 +331,7 @@ class LogFacts:
             producer_lines=sum(r.lines for r in producer),
             multi_group_lines=multi_group_lines,
             unbound_possible=unbound_possible,
+            sources=_sources(valid),
         )
 
     def expectation_columns(self) -> list[tuple[str, str]]:
@@ -322,6 +342,21 @@ class LogFacts:
             *[(f"expected_{w}", "bigint") for w in range(self.words)],
             *[(f"bound_{w}", "bigint") for w in range(self.words)],
         ]
+
+
+def _sources(valid) -> tuple:
+    """``LogFacts.sources`` from the summary's valid rows."""
+    seen = defaultdict(set)
+    for row in valid:
+        origin = row["origin"] or "log"
+        if row.source == "producer":
+            seen[("producer", row.exchange, row.routing_key)].add(origin)
+        else:
+            seen[("consumer", row.consumer_group, None)].add(origin)
+    return tuple(
+        (*key, "+".join(s for s in ("log", "span") if s in origins))
+        for key, origins in sorted(seen.items(), key=lambda i: tuple(map(str, i[0])))
+    )
 
 
 KEY_COLUMNS = [("key_hash", "bigint"), ("exchange", "string"), ("routing_key", "string")]

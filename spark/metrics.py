@@ -63,6 +63,13 @@ COUNT_METRICS = (
     "unclaimed",
     "unbound_consumption",
     "missing_consumer_logs",
+    # What spans cannot prove (spark/spans.py; the definitions: spark/transforms.py):
+    "sent",
+    "expected_sent",
+    "lost_confirmation_unknown",
+    "received_unknown",
+    # Expected pairs not received but dead-lettered for their group and in the store.
+    "recoverable",
 )
 # What the audit could not decide: a run or window with any of these is never a plain success.
 WARNING_METRICS = (
@@ -73,12 +80,14 @@ WARNING_METRICS = (
     "input_gaps",
     "malformed_lines",
     "orphan_consumptions",
+    "lost_confirmation_unknown",
+    "received_unknown",
 )
 LATENCY_METRICS = ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms", "latency_max_ms")
 RATIO_METRICS = ("loss_ppm", "within_sla_share")
 METRICS = (*COUNT_METRICS, "loss_ppm", *LATENCY_METRICS, "within_sla_share")
 # Known only once a window is FINAL: null in PROVISIONAL windows.
-FINAL_ONLY = ("lost", "unverified", "loss_ppm")
+FINAL_ONLY = ("lost", "unverified", "loss_ppm", "lost_confirmation_unknown")
 
 WINDOW_KEYS = ("window_start", "window_end", "status", "exchange", "consumer_group")
 
@@ -104,6 +113,7 @@ QUANTILE_COLUMNS = [
 DUP_CAUSES = ("producer_retry", "broker_redelivery", "consumer_reprocessing")
 DUP_TOTAL = "(" + " + ".join(f"dup_{cause}" for cause in DUP_CAUSES) + ")"
 CONFIRMED = PUBLISH_STATES.index("confirmed")
+SENT = PUBLISH_STATES.index("sent")
 
 
 # Milliseconds per latency bucket of the rollup, and the columns counting its pairs at each.
@@ -144,12 +154,17 @@ def rollup(
         "orphan_ts",
     ]
     listed_unclaimed = "(NOT orphan AND unclaimed)"
+    listed_recoverable = "(NOT orphan AND recoverable)"
+    listed_received = "(NOT orphan AND received_unknown)"
     listed = "" if unbound_evidence else "NOT unbound AND "
     evidence = (
         f"CASE WHEN {listed}({listed_lost} OR (NOT orphan AND {DUP_TOTAL} > 0) OR orphan "
-        f"OR {listed_unclaimed}) THEN named_struct("
+        f"OR {listed_unclaimed} OR {listed_recoverable} OR {listed_received}) THEN named_struct("
         + ", ".join(f"'{f}', {f}" for f in fields)
-        + f", 'lost', {listed_lost}, 'unclaimed', {listed_unclaimed}) END AS evidence"
+        + f", 'lost', {listed_lost}, 'unclaimed', {listed_unclaimed}"
+        f", 'sent', state = {SENT}, 'recoverable', {listed_recoverable}"
+        f", 'received_unknown', {listed_received}, 'dead_letter_id', dead_letter_id) END"
+        " AS evidence"
     )
     keys = [
         "window_ms",
@@ -179,6 +194,10 @@ def rollup(
             ],
             "count_if(recovered) AS recovered",
             "count_if(unaccounted) AS unaccounted",
+            f"count_if(unaccounted AND state = {SENT}) AS unaccounted_sent",
+            f"count_if(expected AND state = {SENT}) AS expected_sent",
+            "count_if(recoverable) AS recoverable",
+            "count_if(received_unknown) AS received_unknown",
             "count_if(unclaimed) AS unclaimed",
             "count_if(unbound) AS unbound_consumption",
             f"count_if({DUP_TOTAL} > 0) AS dup_msgs",
@@ -230,7 +249,11 @@ def _pair_counts(final: str, sla_ms: int) -> list[str]:
                 "unbound_consumption",
             )
         ],
-        f"{_sum('unaccounted', f'{final} AND NOT in_input_gap')} AS lost",
+        f"{_sum('unaccounted - unaccounted_sent', f'{final} AND NOT in_input_gap')} AS lost",
+        f"{_sum('unaccounted_sent', f'{final} AND NOT in_input_gap')} AS lost_confirmation_unknown",
+        "sum(expected_sent) AS expected_sent",
+        "sum(recoverable) AS recoverable",
+        "sum(received_unknown) AS received_unknown",
         f"{_sum('unaccounted', f'{final} AND in_input_gap')} AS unverified",
         f"{_sum('unaccounted', f'NOT {final}')} AS pending",
         f"sum({DUP_TOTAL}) AS dup_deliveries",
@@ -353,6 +376,7 @@ def window_metrics(
             ("lost", "lost"),
             ("unverified", "unverified"),
             ("loss_ppm", "try_divide(lost * 1000000.0, expected_confirmed)"),
+            ("lost_confirmation_unknown", "lost_confirmation_unknown"),
         )
     }
     return rows.selectExpr(

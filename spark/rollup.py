@@ -119,11 +119,19 @@ def rolled(
     ).select("consumer_group", "bit", log_facts.group_hash().alias("bit_group_hash"))
     fold = takes_fold(facts, fold)
     messages, consumers = messages_of(facts, producer_raw, consumer_raw, bits, day_start_ms, fold)
+    # Only span facts say "received, outcome unknown" (a failed span: spark/spans.py); a day of
+    # logs alone plans the store's rows as it always did.
+    received = (
+        transforms.received_unknown_rows(transforms.valid_lines(consumer_raw))
+        if "source" in consumer_raw.columns
+        else None
+    )
     stored = transforms.store_rows(
         store,
         log_facts.local_frame(
             spark, facts.queue_groups, [("queue", "string"), ("consumer_group", "string")]
         ),
+        received,
     )
     # The pairs carry a group's hash; the rolled rows get its name back.
     group_names = log_facts.local_frame(

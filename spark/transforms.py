@@ -76,6 +76,20 @@ input gap    an hour with no log file from a process (producer, or consumer of a
              file in the previous hour and has one again later (a hole, not a shutdown). A
              producer gap puts its window "in gap"; a consumer gap of group G at hour H puts G's
              pairs of every window whose deadline passes H in gap.
+sent         a span's publish (spark/spans.py): published, confirmation unknown. Its own publish
+             state (the five states sum to ``distinct_published``); never in a message with log
+             lines (the log wins). ``expected_sent``: expected pairs of sent messages; a sent
+             pair unaccounted in a FINAL window outside a gap is ``lost_confirmation_unknown``,
+             never ``lost`` (``loss_ppm`` stays confirmed-only) nor ``unconfirmed``; in a gap
+             ``unverified``, before the deadline ``pending``.
+delivered    a span's delivery with an ok status: received (it counts as consumed) but never an
+             ack: another delivery of it is a duplicate delivery.
+received_unknown  expected pairs of a confirmed or sent message, not consumed and not
+             dead-lettered, whose group has a ``failed`` span of it: received, outcome unknown
+             (requeued, rejected or acked: the span cannot say). Not lost, not fine.
+recoverable  expected pairs of a confirmed or sent message, not consumed, dead-lettered for their
+             group: in Lazarus (the dead letter's ``store_id``), replayable. With ``lost`` and
+             ``lost_confirmation_unknown`` (nowhere: truly lost) it splits what was not received.
 malformed    a line that does not parse against the schema, lacks a required field or has an
              unknown schema version; counted in the window of the file's ``dt``/``hour``.
 """
@@ -104,11 +118,19 @@ from spark.expectations import WORD_BITS
 from spark.log_facts import group_hash, key_hash
 from spark.schema import HOUR_MS
 
-CONSUMED_OUTCOMES = ("ack", "duplicate_skipped")
+# ``delivered``: a span's received-and-handled delivery, settlement unknown (spark/spans.py).
+CONSUMED_OUTCOMES = ("ack", "duplicate_skipped", "delivered")
+# A span's delivery whose handler failed: received, outcome unknown (spark/spans.py).
+RECEIVED_UNKNOWN_OUTCOMES = ("failed",)
 DEAD_LETTER_REASONS = ("rejected", "expired", "maxlen", "delivery_limit")
 # publish_state as a number: a message's state is the highest of its lines'.
-PUBLISH_STATES = ("unconfirmed", "nacked", "returned", "confirmed")
-LINE_STATES = {"ack": 3, "returned": 2, "nack": 1}
+# ``sent`` (a span's publish: confirmation unknown) is never in a message with log lines
+# (``spans.merged``: the log wins), so its place in the order only ranks it above ``error``.
+PUBLISH_STATES = ("unconfirmed", "nacked", "returned", "confirmed", "sent")
+LINE_STATES = {"ack": 3, "returned": 2, "nack": 1, "sent": 4}
+# Store rows of this kind are no store rows: a group's ``failed`` span of the message
+# (``store_rows``' ``received``), which accounts for the pair as received, outcome unknown.
+RECEIVED_KIND = "received_unknown"
 
 # A message's attempts are ordered by (ts, attempt) packed into one long, so "the first attempt"
 # is a fixed-width min_by: ts - day start in the high bits (a span of 2^29 ms = 6.2 days) and
@@ -309,10 +331,25 @@ def with_expected(messages: DataFrame, expectations: DataFrame, words: int) -> D
     )
 
 
-def store_rows(store: DataFrame, queue_groups: DataFrame) -> DataFrame:
+def received_unknown_rows(consumer_lines: DataFrame) -> DataFrame:
+    """The (message_id, consumer_group) of valid consumer lines that say a delivery was
+    received and its outcome is unknown (a ``failed`` span), as ``store_rows`` reads them."""
+    return (
+        consumer_lines.where(F.col("outcome").isin(*RECEIVED_UNKNOWN_OUTCOMES))
+        .select("message_id", "consumer_group")
+        .distinct()
+    )
+
+
+def store_rows(
+    store: DataFrame, queue_groups: DataFrame, received: DataFrame | None = None
+) -> DataFrame:
     """message_id -> its store rows (each once per group its source queue belongs to), and the
     first ``store_id``. ``queue_groups``: (queue, consumer_group). A dead letter's covered group
-    is the group's hash, null when its queue is unknown (it covers every group)."""
+    is the group's hash, null when its queue is unknown (it covers every group).
+    ``received`` (``received_unknown_rows``, or None): each becomes a row of kind
+    ``RECEIVED_KIND`` covering its group, with no id: it accounts for the pair (not lost),
+    never as a dead letter nor as consumed (``classify_pairs``)."""
     rows = store.where(F.col("message_id").isNotNull()).join(
         F.broadcast(queue_groups.withColumnRenamed("queue", "source_queue")),
         on="source_queue",
@@ -329,8 +366,24 @@ def store_rows(store: DataFrame, queue_groups: DataFrame) -> DataFrame:
             group_hash(),
         ).alias("covered_group"),
     )
+    rows = rows.select("message_id", row.alias("row"), "id")
+    if received is not None:
+        rows = rows.unionByName(
+            received.select(
+                "message_id",
+                F.struct(
+                    F.lit(None).cast("long").alias("collected_ms"),
+                    F.lit(None).cast("long").alias("id"),
+                    F.lit(RECEIVED_KIND).alias("kind"),
+                    F.lit(None).cast("string").alias("reason"),
+                    F.lit(0).cast("long").alias("replay_count"),
+                    group_hash().alias("covered_group"),
+                ).alias("row"),
+                F.lit(None).cast("long").alias("id"),
+            )
+        )
     return rows.groupBy("message_id").agg(
-        F.collect_list(row).alias("store_rows"), F.min("id").alias("store_id")
+        F.collect_list("row").alias("store_rows"), F.min("id").alias("store_id")
     )
 
 
@@ -374,6 +427,10 @@ def classify_pairs(pairs: DataFrame, carry: tuple[str, ...] = ()) -> DataFrame:
     unflagged = extra - by_broker - by_replay
     by_retry = F.least(unflagged, F.col("attempts") - 1)
     confirmed = F.col("state") == PUBLISH_STATES.index("confirmed")
+    # A span's publish: confirmation unknown, audited beside the confirmed ones, never as one.
+    sent = F.col("state") == PUBLISH_STATES.index("sent")
+    received = stored & F.exists("store_rows", lambda s: (s["kind"] == RECEIVED_KIND) & covers(s))
+    not_received = F.col("expected") & (confirmed | sent) & ~consumed
     return with_rows.select(
         "message_id",
         "window_ms",
@@ -396,7 +453,11 @@ def classify_pairs(pairs: DataFrame, carry: tuple[str, ...] = ()) -> DataFrame:
             & consumed
             & (F.col("last_consumed_ts") >= first_dead_letter["collected_ms"])
         ).alias("recovered"),
-        (F.col("expected") & confirmed & ~consumed & ~F.col("covered")).alias("unaccounted"),
+        (not_received & ~F.col("covered")).alias("unaccounted"),
+        # dead-lettered for its group and in the store, never consumed since: recoverable
+        (not_received & dead_lettered).alias("recoverable"),
+        F.when(not_received & dead_lettered, first_dead_letter["id"]).alias("dead_letter_id"),
+        (not_received & ~dead_lettered & received).alias("received_unknown"),
         (F.col("primary") & ~F.col("expected") & confirmed).alias("unclaimed"),
         F.coalesce("unbound", F.lit(False)).alias("unbound"),
         by_broker.alias("dup_broker_redelivery"),

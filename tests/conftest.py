@@ -175,6 +175,15 @@ def fast_password_hashing(settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+@pytest.fixture(autouse=True)
+def private_audit_inputs(settings, tmp_path_factory):
+    """Span rows and trace records go to (and audits read them from) an empty directory of this
+    test's, never the repository's var/spans and var/trace, which ``make run`` fills."""
+    base = tmp_path_factory.mktemp("audit-inputs")
+    settings.AUDIT_SPANS = str(base / "spans")
+    settings.AUDIT_TRACE = str(base / "trace")
+
+
 # Personas: one user per global role and team members (make_user, tests.helpers.teams.member),
 # and API clients (tests.helpers.api.ApiClient).
 

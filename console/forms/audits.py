@@ -2,19 +2,12 @@
 
 from django import forms
 
+from recovery.models.audit import EVIDENCE_KINDS
 from recovery.search.filters import UTCDateTimeField
 
 
 class EvidenceFilterForm(forms.Form):
-    KINDS = [
-        ("", "any"),
-        ("lost", "lost"),
-        ("duplicate", "duplicate"),
-        ("orphan", "orphan"),
-        ("unverified", "unverified"),
-        ("unclaimed", "unclaimed"),
-        ("pending", "pending"),
-    ]
+    KINDS = [("", "any")] + [(kind, kind.replace("_", " ")) for kind in EVIDENCE_KINDS]
     kind = forms.CharField(required=False, max_length=32, widget=forms.Select(choices=KINDS))
     window = UTCDateTimeField(required=False, label="Window start")
     exchange = forms.CharField(required=False, max_length=255)

@@ -3,16 +3,20 @@
 import datetime
 from collections import defaultdict
 
+from django.contrib import messages as flash
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
 from django.db.models import Count
-from django.shortcuts import get_object_or_404, render
+from django.http import Http404
+from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_GET, require_POST
 
-from console.access import viewer_required
+from console.access import operator_required, viewer_required
 from console.forms.audits import EvidenceFilterForm
 from console.forms.paging import anchor_of
-from recovery.models import AuditRun, Message, scope_of, team_scoped
+from recovery.models import AuditRun, Message, Role, scope_of, team_scoped
+from recovery.replay.jobs import create_job, describe_target
 
 RUNS_PER_PAGE = 50
 EVIDENCE_PER_PAGE = 200
@@ -99,12 +103,23 @@ def headline(run, warnings, evidence_counts):
     totals = run.totals or {}
     lost = totals.get("lost")
     steps = []
+    recoverable = totals.get("recoverable") or evidence_counts.get("recoverable") or 0
+    lost_word = "truly lost" if recoverable else "lost"  # beside the recoverable, the rest
+    if recoverable:
+        steps.append(
+            (
+                f"Replay the {recoverable} recoverable message(s): never received by their "
+                "group, dead-lettered and held by Lazarus (the button below makes one replay "
+                "job of them).",
+                "recoverable",
+            )
+        )
     if lost:
         steps.append(
             (
-                f"Find the {lost} lost message(s): their ids, hour and consumer group are in the "
-                "evidence. Republish them from the producer's side (its log or retry cache): "
-                "Lazarus never held them.",
+                f"Find the {lost} {lost_word} message(s): their ids, hour and consumer group "
+                "are in the evidence. Republish them from the producer's side (its log or retry "
+                "cache): Lazarus never held them.",
                 "lost",
             )
         )
@@ -142,12 +157,25 @@ def headline(run, warnings, evidence_counts):
                 "duplicate" if evidence_counts.get("duplicate") else None,
             )
         )
+    unknown = totals.get("lost_confirmation_unknown")
+    if unknown:
+        steps.append(
+            (
+                f"{unknown} message(s) published (per their spans) and never received: the spans "
+                "cannot say whether the broker confirmed them. Treat them as lost unless the "
+                "producer knows otherwise.",
+                "lost_confirmation_unknown",
+            )
+        )
     if run.status != "succeeded" and not run.totals:
         verdict, tone = "This audit has no result: it did not finish.", "bad"
     elif lost is None:
         verdict, tone = "This audit could not count losses.", "warn"
-    elif lost:
-        verdict, tone = f"{lost} message(s) lost.", "bad"
+    elif lost or recoverable:
+        parts = [f"{lost} message(s) {lost_word}"] if lost else []
+        if recoverable:
+            parts.append(f"{recoverable} recoverable from Lazarus")
+        verdict, tone = ", ".join(parts) + ".", "bad"
     elif warnings:
         verdict, tone = "Nothing proven lost, but not everything could be checked.", "warn"
     else:
@@ -281,6 +309,9 @@ def audit_detail(request, pk):
         "revisions": revisions,
         "evidence_counts": sorted(evidence_counts.items()),
         "gaps": run.input_gaps.filter(scope.audit_q(with_exchange=False))[:100],
+        "recoverable_count": evidence_counts.get("recoverable", 0),
+        "can_replay_recoverable": bool(evidence_counts.get("recoverable"))
+        and scope.has_role(Role.OPERATOR),
     }
     return render(request, "audits/detail.html", ctx)
 
@@ -323,3 +354,33 @@ def audit_evidence(request, pk):
     if request.htmx and request.htmx.target == "evidence-table":
         template += "#evidence-table"
     return render(request, template, ctx)
+
+
+@team_scoped
+@login_required
+@operator_required
+@require_POST
+def audit_replay_recoverable(request, pk):
+    """One replay job of the run's recoverable messages (``AuditRun.recoverable_ids``), with the
+    job defaults (canary, breaker); a team member's covers their team's windows only. 404 when
+    the run found nothing recoverable the caller may see."""
+    scope = scope_of(request)
+    run = get_object_or_404(AuditRun, pk=pk)
+    within = None if scope.is_global else scope.audit_q()
+    if not run.recoverable_evidence(within).exists():
+        raise Http404("this audit found nothing recoverable in your scope")
+    ids = run.recoverable_ids(within)
+    if not ids:
+        flash.error(request, "No recoverable message of this audit is in the store any more.")
+        return redirect("audit", pk=run.pk)
+    try:
+        job = create_job(request.user, message_ids=ids, via="console", scope=scope)
+    except ValidationError as error:
+        flash.error(request, "Could not start the replay: " + "; ".join(error.messages))
+        return redirect("audit", pk=run.pk)
+    flash.success(
+        request,
+        f"Job #{job.pk} queued: the {len(ids)} recoverable message(s) of audit {run.date} "
+        f"r{run.revision}, {describe_target(job)}.",
+    )
+    return redirect("job", pk=job.pk)

@@ -8,12 +8,36 @@ does not import pyspark.
 from django.db.models import Count, Prefetch
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema, extend_schema_field
-from rest_framework import generics, serializers
+from rest_framework import generics, serializers, status
+from rest_framework.decorators import api_view, permission_classes
+from rest_framework.exceptions import NotFound
+from rest_framework.response import Response
 
+from recovery.api.errors import problem_response
+from recovery.api.idempotency import idempotent
 from recovery.api.pagination import StrictCursorPagination
 from recovery.api.params import IsoDateField, Rfc3339DateTimeField, StrictBooleanField, validated
-from recovery.models import AuditEvidence, AuditInputGap, AuditRun, AuditWindow, scope_of
-from recovery.models.audit import FINAL_ONLY, LATENCY_METRICS, METRICS, RATIO_METRICS
+from recovery.api.permissions import requires
+from recovery.api.replay_jobs import ReplayJobDetailSerializer
+from recovery.api.schema import IDEMPOTENCY_KEY
+from recovery.models import (
+    AuditEvidence,
+    AuditInputGap,
+    AuditRun,
+    AuditWindow,
+    ReplayJob,
+    Role,
+    scope_of,
+    team_scoped,
+)
+from recovery.models.audit import (
+    EVIDENCE_KINDS,
+    FINAL_ONLY,
+    LATENCY_METRICS,
+    METRICS,
+    RATIO_METRICS,
+)
+from recovery.replay.jobs import create_job
 
 FINALITY = ("PROVISIONAL", "FINAL")
 AUDIT_OUTCOMES = ("running", "succeeded", "succeeded_with_warnings", "failed")
@@ -244,11 +268,8 @@ class AuditRunDetail(generics.RetrieveAPIView):
         )
 
 
-EVIDENCE_KINDS = ["lost", "unverified", "duplicate", "orphan", "unclaimed", "pending"]
-
-
 class EvidenceFilterParams(serializers.Serializer):
-    kind = serializers.ChoiceField(choices=EVIDENCE_KINDS, required=False)
+    kind = serializers.ChoiceField(choices=list(EVIDENCE_KINDS), required=False)
     exchange = serializers.CharField(required=False, allow_blank=True, max_length=255)
     consumer_group = serializers.CharField(required=False, allow_blank=True, max_length=255)
     message_id = serializers.CharField(required=False, allow_blank=True, max_length=255)
@@ -265,3 +286,41 @@ class AuditEvidenceList(generics.ListAPIView):
         run = get_object_or_404(AuditRun, pk=self.kwargs["pk"])
         evidence = run.evidence.filter(scope_of(self.request).audit_q())
         return evidence.filter(**validated(EvidenceFilterParams, self.request.query_params))
+
+
+@extend_schema(
+    summary="Replay the recoverable lost of an audit as one job",
+    parameters=[IDEMPOTENCY_KEY],
+    request=None,
+    responses={201: ReplayJobDetailSerializer, 404: None, 422: None},
+    description="One bulk replay job (the job defaults: canary, breaker, each message's own "
+    "target) of the run's `recoverable` evidence: expected pairs never received by their group, "
+    "dead-lettered and held by Lazarus, whose message is still in the store. A team token "
+    "covers its team's windows only. 404 when the run found nothing recoverable the caller may "
+    "see; 422 when none of it is left in the store (retention removed it).",
+)
+@team_scoped
+@api_view(["POST"])
+@permission_classes([requires(Role.OPERATOR)])
+@idempotent
+def replay_recoverable(request, pk):
+    scope = scope_of(request)
+    run = get_object_or_404(AuditRun, pk=pk)
+    within = None if scope.is_global else scope.audit_q()
+    if not run.recoverable_evidence(within).exists():
+        raise NotFound("This audit found nothing recoverable in your scope.")
+    ids = run.recoverable_ids(within)
+    if not ids:
+        return problem_response(
+            422,
+            "No recoverable message of this audit is in the store.",
+            "nothing_recoverable",
+            request,
+        )
+    job = create_job(request.user, message_ids=ids, via="api", scope=scope)
+    job = ReplayJob.objects.select_related("created_by").get(pk=job.pk)
+    return Response(
+        ReplayJobDetailSerializer(job, context={"scope": scope}).data,
+        status=status.HTTP_201_CREATED,
+        headers={"Location": f"/api/v1/replay-jobs/{job.pk}"},
+    )

@@ -41,6 +41,11 @@ urlpatterns = [
     path("audits", audits.AuditRunList.as_view(), name="api-audits"),
     path("audits/<int:pk>", audits.AuditRunDetail.as_view(), name="api-audit"),
     path("audits/<int:pk>/evidence", audits.AuditEvidenceList.as_view(), name="api-evidence"),
+    path(
+        "audits/<int:pk>/replay-recoverable",
+        audits.replay_recoverable,
+        name="api-audit-replay-recoverable",
+    ),
     path("alert-rules", alerts.AlertRuleList.as_view(), name="api-alert-rules"),
     path("alert-rules/<int:pk>", alerts.AlertRuleDetail.as_view(), name="api-alert-rule"),
     path("alert-rules/<int:pk>/mute", alerts.mute_rule, name="api-alert-rule-mute"),

@@ -134,6 +134,8 @@ def _evidence_rows(run_id, name, rows):
     for row in rows:
         if name == "lost":
             kind, cause, count = row.get("verdict") or "lost", row.get("expected_by") or "", 1
+        elif name in ("recoverable", "received_unknown"):
+            kind, cause, count = name, row.get("published") or "", 1
         elif name == "unclaimed":
             kind, cause, count = "unclaimed", (row.get("routing_key") or "")[:64], 1
         elif name == "duplicates":
@@ -156,7 +158,14 @@ def _evidence_rows(run_id, name, rows):
 def copy_evidence(run, out_dir, conninfo=None):
     """COPY each evidence Parquet file (one Spark partition each) into recovery_auditevidence."""
     with db.connect(conninfo or database_conninfo("lazarus-audit")) as conn:
-        for name in ("lost", "duplicates", "orphans", "unclaimed"):
+        for name in (
+            "lost",
+            "duplicates",
+            "orphans",
+            "unclaimed",
+            "recoverable",
+            "received_unknown",
+        ):
             folder = Path(out_dir) / name
             for part in sorted(folder.glob("*.parquet")) if folder.exists() else []:
                 rows = pq.read_table(part).to_pylist()

@@ -59,6 +59,7 @@ def run_spark(
     sla_ms,
     now=None,
     master=None,
+    spans=None,
 ):
     command = [
         spark_submit(),
@@ -92,6 +93,8 @@ def run_spark(
     ]
     if now is not None:
         command += ["--now", now.isoformat()]
+    if spans:
+        command += ["--spans", spans]
     if settings.SPARK_EXECUTOR_MEMORY:
         command[1:1] = ["--executor-memory", settings.SPARK_EXECUTOR_MEMORY]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(REPO)}
@@ -158,18 +161,22 @@ def run_audit(
     master=None,
     user=None,
     bindings=None,
+    spans=None,
 ):
     """Audit one UTC day end to end; returns the AuditRun (``failed`` with the error on failure)."""
     grace = grace or datetime.timedelta(minutes=settings.AUDIT_GRACE_MINUTES)
     sla_ms = sla_ms or settings.AUDIT_SLA_MS
     producer_logs = producer_logs or settings.AUDIT_PRODUCER_LOGS
     consumer_logs = consumer_logs or settings.AUDIT_CONSUMER_LOGS
+    # OpenTelemetry span rows, read beside the logs (spark/spans.py; docs/audit.md "Traces").
+    spans = spans or settings.AUDIT_SPANS
     run = new_run(
         day,
         user,
         {
             "producer_logs": producer_logs,
             "consumer_logs": consumer_logs,
+            "spans": spans,
             "grace_minutes": grace.total_seconds() / 60,
             "sla_ms": sla_ms,
             "spark_master": master or settings.SPARK_MASTER,
@@ -200,6 +207,7 @@ def run_audit(
             sla_ms,
             now=now,
             master=master,
+            spans=spans,
         )
         check_outputs(out_dir)
         load_results(run, out_dir)

@@ -5,6 +5,8 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from recovery.models.store import Message
+
 # The audit's metric names, as the Spark job writes them (spark/metrics.py). recovery/ may not
 # import spark/ (separate layers: spark-submit runs without Django), so this is the Django side's
 # one copy, and tests/audit/test_metric_names.py holds it equal to the job's.
@@ -40,12 +42,19 @@ COUNT_METRICS = (
     "unclaimed",
     "unbound_consumption",
     "missing_consumer_logs",
+    # What spans cannot prove (spark/spans.py; the definitions: spark/transforms.py):
+    "sent",
+    "expected_sent",
+    "lost_confirmation_unknown",
+    "received_unknown",
+    # Expected pairs not received but dead-lettered for their group and in the store.
+    "recoverable",
 )
 LATENCY_METRICS = ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms", "latency_max_ms")
 RATIO_METRICS = ("loss_ppm", "within_sla_share")
 METRICS = (*COUNT_METRICS, "loss_ppm", *LATENCY_METRICS, "within_sla_share")
 # Known only once a window is FINAL: null in PROVISIONAL windows.
-FINAL_ONLY = ("lost", "unverified", "loss_ppm")
+FINAL_ONLY = ("lost", "unverified", "loss_ppm", "lost_confirmation_unknown")
 # The key columns of the job's windows output; every other column is a metric.
 WINDOW_KEYS = ("window_start", "window_end", "status", "exchange", "consumer_group")
 # What the audit could not decide: a run or window counting any of these is never presented as
@@ -58,6 +67,8 @@ WARNING_METRICS = (
     "input_gaps",
     "malformed_lines",
     "orphan_consumptions",
+    "lost_confirmation_unknown",
+    "received_unknown",
 )
 
 
@@ -121,6 +132,23 @@ class AuditRun(models.Model):
         self.totals, self.manifest, self.config, self.error = {}, {}, {}, ""
         return self
 
+    def recoverable_evidence(self, evidence_q=None):
+        """This run's ``recoverable`` evidence (expected, never received, dead-lettered for the
+        group and in Lazarus), within ``evidence_q`` (a team's ``Scope.audit_q()``) if given."""
+        evidence = self.evidence.filter(kind="recoverable", store_id__isnull=False)
+        return evidence if evidence_q is None else evidence.filter(evidence_q)
+
+    def recoverable_ids(self, evidence_q=None):
+        """The store ids of ``recoverable_evidence`` whose message is still in the store (not
+        removed by retention), oldest first: what "replay the recoverable" selects; the job
+        itself skips those already replayed or discarded."""
+        ids = self.recoverable_evidence(evidence_q).values_list("store_id", flat=True)
+        return list(
+            Message.objects.filter(pk__in=ids.distinct())
+            .order_by("pk")
+            .values_list("pk", flat=True)
+        )
+
     @property
     def outcome(self) -> str:
         """What the console and the API show: a succeeded run with warnings is not a success."""
@@ -149,11 +177,26 @@ class AuditWindow(models.Model):
         return metric_warnings(self.metrics)
 
 
+# What an evidence row can be (``AuditEvidence.kind``), in the order a reader filters by.
+EVIDENCE_KINDS = (
+    "lost",
+    "recoverable",  # not received, dead-lettered for the group and in Lazarus: ``store_id``
+    "lost_confirmation_unknown",  # a span's publish, never received: confirmation unknown
+    "received_unknown",  # a failed consumer span: received, outcome unknown
+    "duplicate",
+    "orphan",
+    "unverified",
+    "unclaimed",
+    "pending",
+)
+
+
 class AuditEvidence(models.Model):
     """The ids behind the numbers: lost, duplicated, orphaned, unverified messages."""
 
     run = models.ForeignKey(AuditRun, on_delete=models.CASCADE, related_name="evidence")
-    # lost | unverified | duplicate | orphan | unclaimed
+    # lost | unverified | lost_confirmation_unknown | duplicate | orphan | unclaimed |
+    # recoverable (dead-lettered, in Lazarus: store_id) | received_unknown (a failed span)
     kind = models.CharField(max_length=32)
     window_start = models.DateTimeField(null=True, blank=True)
     exchange = models.CharField(max_length=255, blank=True, default="")

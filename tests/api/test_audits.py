@@ -4,7 +4,7 @@ import datetime
 
 import pytest
 
-from recovery.models import AuditEvidence, AuditRun
+from recovery.models import AuditEvidence, AuditRun, ReplayJob
 from tests.helpers.api import make_audit, make_message
 
 
@@ -66,3 +66,43 @@ def test_a_running_audit_has_empty_totals(viewer_api):
     run = AuditRun.objects.create(date=datetime.date(2026, 11, 21))
     body = viewer_api.get(f"/api/v1/audits/{run.pk}").json()
     assert body["status"] == "running" and body["totals"] == {} and body["windows"] == []
+
+
+def test_replay_the_recoverable_of_a_run(operator_api, viewer_api):
+    run = make_audit()
+    kept = make_message(message_id="rec-1")
+    AuditEvidence.objects.create(
+        run=run,
+        kind="recoverable",
+        exchange="orders",
+        consumer_group="billing",
+        message_id="rec-1",
+        store_id=kept.pk,
+    )
+    url = f"/api/v1/audits/{run.pk}/replay-recoverable"
+    assert viewer_api.post(url).status_code == 403
+    response = operator_api.post(url)
+    assert response.status_code == 201, response.content
+    job = response.json()
+    assert response["Location"] == f"/api/v1/replay-jobs/{job['id']}"
+    assert job["state"] == "queued"
+    assert ReplayJob.objects.get(pk=job["id"]).message_ids == [kept.pk]
+    kinds = operator_api.get(f"/api/v1/audits/{run.pk}/evidence", {"kind": "recoverable"})
+    assert [e["message_id"] for e in kinds.json()["results"]] == ["rec-1"]
+
+
+def test_nothing_recoverable_is_404_and_all_removed_is_422(operator_api):
+    run = make_audit()
+    url = f"/api/v1/audits/{run.pk}/replay-recoverable"
+    assert operator_api.post(url).status_code == 404
+    AuditEvidence.objects.create(
+        run=run,
+        kind="recoverable",
+        exchange="orders",
+        consumer_group="billing",
+        message_id="rec-9",
+        store_id=10**9,  # retention removed it since
+    )
+    response = operator_api.post(url)
+    assert response.status_code == 422
+    assert response.json()["code"] == "nothing_recoverable"

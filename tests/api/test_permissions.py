@@ -14,6 +14,7 @@ import yaml
 from recovery.models import (
     AlertRule,
     ApiToken,
+    AuditEvidence,
     DecoderRule,
     GroupMapping,
     MaskRule,
@@ -58,6 +59,7 @@ ENDPOINTS = [
     ("GET", "/api/v1/audits", VIEWER, 200, None),
     ("GET", "/api/v1/audits/{audit}", VIEWER, 200, None),
     ("GET", "/api/v1/audits/{audit}/evidence", VIEWER, 200, None),
+    ("POST", "/api/v1/audits/{audit}/replay-recoverable", OPERATOR, 201, None),
     ("GET", "/api/v1/tokens", ADMIN, 200, None),
     ("POST", "/api/v1/tokens/{token}/revoke", ADMIN, 200, None),
     ("GET", "/api/v1/me", VIEWER, 200, None),
@@ -183,10 +185,16 @@ def objects(wired):
     # is a 409, recovery/replay/authority.py), which is not what this matrix checks.
     job_creator = make_user("job-creator", OPERATOR)
     team = Team.objects.create(name="matrix team")
+    message = make_message(source_queue="matrix.q")
+    audit = make_audit()
+    # One recoverable message (dead-lettered, in the store) for replay-recoverable.
+    AuditEvidence.objects.create(
+        run=audit, kind="recoverable", message_id=message.message_id, store_id=message.pk
+    )
     return {
-        "message": make_message(source_queue="matrix.q"),
+        "message": message,
         "discarded": make_message(status="discarded", status_before_discard="pending"),
-        "audit": make_audit(),
+        "audit": audit,
         "token": ApiToken.issue(owner)[0],
         "job": ReplayJob.objects.create(created_by=job_creator, filters={"queue": "matrix.q"}),
         "paused_job": ReplayJob.objects.create(

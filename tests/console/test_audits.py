@@ -160,3 +160,66 @@ def test_the_headline_is_green_only_when_nothing_is_lost_or_undecided(
     assert f"<strong>{verdict}</strong>" in headline
     assert f'class="headline headline-{tone}"' in html
     assert ("What to do first" in headline) is bool(warnings)
+
+
+def recoverable_run():
+    """A run with one truly lost message and three recoverable: two dead letters still in the
+    store, one whose store row retention removed."""
+    run = make_run()
+    run.totals = {**run.totals, "lost": 1, "recoverable": 3}
+    run.save()
+    kept = [make_message(message_id=f"rec-{n}") for n in (1, 2)]
+    for message_id, store_id in (("rec-1", kept[0].pk), ("rec-2", kept[1].pk), ("gone", 10**9)):
+        AuditEvidence.objects.create(
+            run=run,
+            kind="recoverable",
+            window_start=HOUR,
+            exchange="orders",
+            consumer_group="billing",
+            message_id=message_id,
+            store_id=store_id,
+        )
+    AuditEvidence.objects.create(
+        run=run,
+        kind="lost",
+        window_start=HOUR,
+        exchange="orders",
+        consumer_group="billing",
+        message_id="nowhere",
+    )
+    return run, kept
+
+
+def test_the_report_leads_with_recoverable_and_truly_lost(client, viewer):
+    run, _ = recoverable_run()
+    client.force_login(viewer)
+    html = client.get(f"/audits/{run.pk}/").content.decode()
+    verdict = re.search(r'id="audit-verdict"><strong>(.*?)</strong>', html).group(1)
+    assert verdict == "1 message(s) truly lost, 3 recoverable from Lazarus."
+    steps = re.search(r'<ol id="audit-steps">(.*?)</ol>', html, re.S).group(1)
+    assert steps.index("Replay the 3 recoverable") < steps.index("1 truly lost")
+    assert "?kind=recoverable" in steps
+    assert 'id="replay-recoverable"' not in html  # a viewer may not replay
+
+
+def test_an_operator_replays_the_recoverable_as_one_job(client, operator):
+    from recovery.models import Activity, ReplayJob
+
+    run, kept = recoverable_run()
+    client.force_login(operator)
+    assert 'id="replay-recoverable"' in client.get(f"/audits/{run.pk}/").content.decode()
+    response = client.post(f"/audits/{run.pk}/replay-recoverable")
+    job = ReplayJob.objects.get()
+    assert response.status_code == 302 and response["Location"] == f"/jobs/{job.pk}/"
+    assert sorted(job.message_ids) == sorted(m.pk for m in kept)  # the removed one is not asked
+    assert job.created_by == operator
+    assert Activity.objects.filter(action="job_created", user=operator).exists()
+
+
+def test_a_viewer_may_not_replay_the_recoverable(client, viewer):
+    from recovery.models import ReplayJob
+
+    run, _ = recoverable_run()
+    client.force_login(viewer)
+    assert client.post(f"/audits/{run.pk}/replay-recoverable").status_code == 403
+    assert not ReplayJob.objects.exists()
