@@ -37,6 +37,18 @@ from recovery.collector.bootsteps import CollectorStep  # noqa: E402
 
 app.steps["worker"].add(CollectorStep)
 
+app.user_options["worker"].add(
+    click.Option(
+        ["--trace-tap/--no-trace-tap"],
+        default=None,
+        help="Run the firehose tap (#48) in this worker (default: TRACE_TAP_ENABLED).",
+    )
+)
+
+from recovery.broker.trace_tap import trace_tap_step  # noqa: E402
+
+app.steps["worker"].add(trace_tap_step())
+
 
 def nightly_at():
     from django.conf import settings

@@ -2,6 +2,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from recovery.broker.topology import wire
+from recovery.broker.trace import wire_trace
 from recovery.errors import ManagementError
 
 
@@ -31,7 +32,17 @@ class Command(BaseCommand):
             "a node lost on its way to the dead-letter queue",
         )
 
+        parser.add_argument(
+            "--trace",
+            choices=("on", "off"),
+            help="only the firehose (#48): 'on' declares RECOVERY_TRACE_QUEUE bound to "
+            "amq.rabbitmq.trace and turns tracing on for the vhosts on every node; 'off' turns "
+            "it off and leaves the trace queue and what it holds",
+        )
+
     def handle(self, *args, vhosts=None, queues=None, exchanges=None, **options):
+        if options.get("trace"):
+            return self.handle_trace(vhosts or settings.RECOVERY_VHOSTS, options["trace"] == "on")
         at_least_once = options.get("at_least_once", False)
         if at_least_once and not queues:
             raise CommandError("--at-least-once applies to the queues of --queues")
@@ -60,3 +71,24 @@ class Command(BaseCommand):
                     f"vhost {vhost}: not quorum queues, the at-least-once strategy does not apply "
                     f"to them: {', '.join(report['not_quorum'])}"
                 )
+
+    def handle_trace(self, vhosts, on):
+        for vhost in vhosts:
+            try:
+                report = wire_trace(vhost, on)
+            except ManagementError as exc:
+                raise CommandError(f"{exc} (is the management plugin enabled?)") from exc
+            except Exception as exc:
+                raise CommandError(f"cannot set tracing on vhost {vhost!r}: {exc!r}") from exc
+            if on:
+                self.stdout.write(
+                    f"vhost {vhost}: {report['queue_type']} {report['queue']} bound to "
+                    f"amq.rabbitmq.trace; tracing {'on' if report['tracing'] else 'NOT on'}"
+                )
+            else:
+                self.stdout.write(
+                    f"vhost {vhost}: tracing {'still ON' if report['tracing'] else 'off'}; "
+                    f"{report['queue']} left as it is (the tap drains it; delete it by hand)"
+                )
+            if report["tracing"] != on:
+                raise CommandError(f"vhost {vhost}: the broker did not take tracing={on}")

@@ -1,0 +1,35 @@
+"""Fixtures of the firehose tests: tracing on in this session's test vhost only (never "/"),
+turned off again in teardown (tracing costs the broker on every publish and delivery)."""
+
+import pika
+import pytest
+from django.conf import settings
+
+from recovery.broker.management import Management
+from recovery.broker.trace import set_tracing
+
+
+@pytest.fixture
+def trace_dir(tmp_path, settings):
+    settings.AUDIT_TRACE = str(tmp_path / "trace")
+    settings.TRACE_FLUSH_SECONDS = 0.3
+    return tmp_path / "trace"
+
+
+@pytest.fixture
+def traced(wired, trace_dir):
+    """``wire --trace on`` for the test vhost, a fresh trace queue, tracing off afterwards."""
+    from django.core.management import call_command
+
+    assert wired != "/" and wired.startswith("lazarus-test-")
+    management = Management()
+    queue = settings.RECOVERY_TRACE_QUEUE
+    connection = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
+    connection.channel().queue_delete(queue)
+    connection.close()
+    call_command("wire", "--trace", "on", "--vhost", wired)
+    yield wired
+    set_tracing(wired, False, management)
+    connection = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
+    connection.channel().queue_delete(queue)
+    connection.close()
