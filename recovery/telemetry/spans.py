@@ -45,19 +45,14 @@ OPERATION_NAMES = {
     "settle": "settle",
 }
 
-# (column, attribute names in order of preference: current first)
-PROMOTED = (
-    ("messaging_system", ("messaging.system",)),
-    ("destination", ("messaging.destination.name", "messaging.destination")),
-    (
-        "routing_key",
-        ("messaging.rabbitmq.destination.routing_key", "messaging.rabbitmq.routing_key"),
-    ),
-    ("message_id", ("messaging.message.id", "messaging.message_id")),
-    ("consumer_group", ("messaging.consumer.group.name",)),
-    ("conversation_id", ("messaging.message.conversation_id", "messaging.conversation_id")),
-)
+# The promoted columns' attributes, the current convention's name first, then the old one's
+# (``_row``): messaging_system messaging.system; destination messaging.destination.name |
+# messaging.destination; routing_key messaging.rabbitmq.destination.routing_key |
+# messaging.rabbitmq.routing_key; message_id messaging.message.id | messaging.message_id;
+# consumer_group messaging.consumer.group.name; conversation_id
+# messaging.message.conversation_id | messaging.conversation_id.
 DELIVERY_TAG = "messaging.rabbitmq.message.delivery_tag"
+ZERO_SPAN, ZERO_TRACE = bytes(8), bytes(16)
 
 
 @dataclass
@@ -152,47 +147,70 @@ def hour_of(start_ns):
 
 
 def flatten(request):
-    """The Flattened rows of an ExportTraceServiceRequest."""
+    """The Flattened rows of an ExportTraceServiceRequest.
+
+    The intake's hot loop (bench/otlp_intake.py): each kept span becomes one tuple in
+    COLUMN_NAMES order, and each hour's tuples are turned into columns once at the end."""
     out = Flattened()
+    rows_by_hour = {}
     hours = {}  # start second -> (day, hour): a batch's spans share few seconds
+    kept_prefixes = KEPT_PREFIXES
     for resource_spans in request.resource_spans:
         service, instance = _resource_facts(resource_spans.resource)
         for scope_spans in resource_spans.scope_spans:
-            scope = scope_spans.scope.name or None
+            facts = (service, instance, scope_spans.scope.name or None)
             for span in scope_spans.spans:
                 kind = span.kind
                 attributes = {}
-                messaging = False
                 for kv in span.attributes:
                     key = kv.key
-                    if key.startswith(KEPT_PREFIXES):
-                        text = text_of(kv.value)
-                        if text is not None:
-                            attributes[key] = text
-                        if key.startswith("messaging."):
-                            messaging = True
-                if not (
-                    "messaging.system" in attributes or (messaging and kind in (PRODUCER, CONSUMER))
+                    if key.startswith(kept_prefixes):
+                        value = kv.value
+                        text = value.string_value  # most are strings: no WhichOneof for them
+                        if not text:
+                            text = text_of(value)
+                            if text is None:
+                                continue
+                        attributes[key] = text
+                if "messaging.system" not in attributes and not (
+                    kind in (PRODUCER, CONSUMER)
+                    and any(name.startswith("messaging.") for name in attributes)
                 ):
                     out.skipped += 1
                     continue
-                reason = _invalid(span)
-                if reason:
-                    out.reject(reason)
+                trace_id, span_id = span.trace_id, span.span_id
+                start, parent = span.start_time_unix_nano, span.parent_span_id
+                links = span.links
+                if (
+                    len(trace_id) != 16
+                    or len(span_id) != 8
+                    or trace_id == ZERO_TRACE
+                    or span_id == ZERO_SPAN
+                    or not 0 < start < 2**63
+                    or span.end_time_unix_nano >= 2**63
+                    or (parent and len(parent) != 8)
+                    or (links and _invalid(span))
+                ):
+                    out.reject(_invalid(span))
                     continue
-                second = span.start_time_unix_nano // 1_000_000_000
+                second = start // 1_000_000_000
                 key = hours.get(second)
                 if key is None:
-                    key = hours[second] = hour_of(span.start_time_unix_nano)
-                columns = out.by_hour.get(key)
-                if columns is None:
-                    columns = out.by_hour[key] = {name: [] for name in COLUMN_NAMES}
-                _append(columns, span, kind, attributes, service, instance, scope)
-                out.kept += 1
+                    key = hours[second] = hour_of(start)
+                rows = rows_by_hour.get(key)
+                if rows is None:
+                    rows = rows_by_hour[key] = []
+                rows.append(
+                    _row(span, trace_id, span_id, parent, start, links, kind, attributes, facts)
+                )
+    for key, rows in rows_by_hour.items():
+        out.by_hour[key] = dict(zip(COLUMN_NAMES, map(list, zip(*rows, strict=True)), strict=True))
+        out.kept += len(rows)
     return out
 
 
 def _invalid(span):
+    """Why a span cannot be a row (None if it can)."""
     if len(span.trace_id) != 16 or span.trace_id == bytes(16):
         return "a span with an invalid trace_id"
     if len(span.span_id) != 8 or span.span_id == bytes(8):
@@ -209,39 +227,57 @@ def _invalid(span):
     return None
 
 
-def _append(columns, span, kind, attributes, service, instance, scope):
-    columns["trace_id"].append(span.trace_id.hex())
-    columns["span_id"].append(span.span_id.hex())
-    parent = span.parent_span_id
-    columns["parent_span_id"].append(parent.hex() if parent and parent != bytes(8) else None)
-    columns["links"].append(
-        [{"trace_id": link.trace_id.hex(), "span_id": link.span_id.hex()} for link in span.links]
+def _row(span, trace_id, span_id, parent, start, links, kind, attributes, facts):
+    """One span's values in COLUMN_NAMES order; ``facts``: (service, instance, scope)."""
+    status = span.status
+    code = status.code
+    get = attributes.get
+    tag = get(DELIVERY_TAG)
+    # The promoted columns: the current convention's attribute, else the old one's.
+    destination = get("messaging.destination.name")
+    if destination is None:
+        destination = get("messaging.destination")
+    routing_key = get("messaging.rabbitmq.destination.routing_key")
+    if routing_key is None:
+        routing_key = get("messaging.rabbitmq.routing_key")
+    message_id = get("messaging.message.id")
+    if message_id is None:
+        message_id = get("messaging.message_id")
+    conversation = get("messaging.message.conversation_id")
+    if conversation is None:
+        conversation = get("messaging.conversation_id")
+    return (
+        trace_id.hex(),
+        span_id.hex(),
+        parent.hex() if parent and parent != ZERO_SPAN else None,
+        [{"trace_id": link.trace_id.hex(), "span_id": link.span_id.hex()} for link in links]
+        if links
+        else [],
+        span.name,
+        KINDS[kind] if 0 <= kind < len(KINDS) else str(kind),
+        start,
+        span.end_time_unix_nano,
+        STATUSES[code] if 0 <= code < len(STATUSES) else str(code),
+        status.message or None,
+        *facts,
+        get("messaging.system"),
+        operation_of(attributes, kind),
+        destination,
+        routing_key,
+        message_id,
+        get("messaging.consumer.group.name"),
+        conversation,
+        _int_or_none(tag),
+        list(attributes.items()),
     )
-    columns["name"].append(span.name)
-    columns["kind"].append(KINDS[kind] if 0 <= kind < len(KINDS) else str(kind))
-    columns["start_ns"].append(span.start_time_unix_nano)
-    columns["end_ns"].append(span.end_time_unix_nano)
-    code = span.status.code
-    columns["status_code"].append(STATUSES[code] if 0 <= code < len(STATUSES) else str(code))
-    columns["status_message"].append(span.status.message or None)
-    columns["service_name"].append(service)
-    columns["service_instance"].append(instance)
-    columns["scope_name"].append(scope)
-    for column, names in PROMOTED:
-        found = None
-        for name in names:
-            found = attributes.get(name)
-            if found is not None:
-                break
-        columns[column].append(found)
-    columns["operation"].append(operation_of(attributes, kind))
-    tag = attributes.get(DELIVERY_TAG)
-    columns["delivery_tag"].append(int(tag) if tag is not None and _is_int(tag) else None)
-    columns["attributes"].append(list(attributes.items()))
 
 
-def _is_int(text):
+def _int_or_none(text):
+    """A 64-bit integer attribute's value, None when absent or not one."""
+    if text is None:
+        return None
     try:
-        return -(2**63) <= int(text) < 2**63
+        value = int(text)
     except ValueError:
-        return False
+        return None
+    return value if -(2**63) <= value < 2**63 else None
