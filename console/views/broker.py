@@ -11,6 +11,7 @@ from django.views.decorators.http import require_GET
 
 from console.access import viewer_required
 from recovery.broker.health import broker_health
+from recovery.broker.trace import trace_status
 from recovery.models import BrokerTally
 
 
@@ -25,5 +26,18 @@ def broker_page(request):
         "checked_at": datetime.datetime.fromtimestamp(health.checked_at, datetime.UTC),
         "tally": BrokerTally.objects.state(now),
         "hours": BrokerTally.objects.by_hour(now - datetime.timedelta(hours=24)),
+        "trace": firehose_rows(),
     }
     return render(request, "broker/health.html", context)
+
+
+def firehose_rows():
+    """Per watched vhost: the firehose on or off, its trace queue and the tap's last flush; a
+    vhost the management API did not answer for is unknown, never "off"."""
+    rows = trace_status()
+    for row in rows:
+        tap = row.get("tap") or {}
+        for field, key in (("tap_at", "flushed_ms"), ("tap_last_record", "last_ms")):
+            ms = tap.get(key)
+            row[field] = datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC) if ms else None
+    return rows

@@ -132,9 +132,18 @@ def trace_status(vhosts=None, management=None):
     """Per vhost: tracing on or off, the trace queue (type, messages, bytes), per node."""
     management = management or Management()
     rows = []
-    nodes = [n.get("name") for n in (management.request("GET", "/nodes?columns=name") or [])]
+    try:
+        nodes = [n.get("name") for n in (management.request("GET", "/nodes?columns=name") or [])]
+        unreachable = ""
+    except Exception as exc:  # noqa: BLE001 - every row says unknown, never "off"
+        nodes, unreachable = [], str(exc)[:200] or type(exc).__name__
     for vhost in vhosts or settings.RECOVERY_VHOSTS:
         row = {"vhost": vhost, "nodes": nodes, "tracing": None, "queue": None, "error": ""}
+        if unreachable:
+            row["error"] = unreachable
+            row["tap"] = tap_state(vhost)
+            rows.append(row)
+            continue
         try:
             row["tracing"] = tracing_on(vhost, management)
             q = management.request(

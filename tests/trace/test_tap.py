@@ -167,3 +167,31 @@ def test_a_node_restart_and_a_retention_drop_are_gaps(trace_dir):
         ("node_restart", "rabbit@b"),
         ("retention_drop", None),
     ]
+
+
+def test_the_broker_page_says_whether_the_firehose_is_on(traced, client, viewer):
+    from recovery.broker.trace import set_tracing
+
+    client.force_login(viewer)
+    html = client.get("/broker/").content.decode()
+    row = html[html.index('id="trace-status"') :]
+    row = row[: row.index("</table>")]
+    assert traced in row and '<span class="badge ok">on</span>' in row
+    assert "none: no tap is writing" in row  # on, and nobody taps it: said
+    set_tracing(traced, False)
+    row = client.get("/broker/").content.decode()
+    row = row[row.index('id="trace-status"') :]
+    assert '<span class="badge ok">on</span>' not in row[: row.index("</table>")]
+
+
+def test_the_broker_page_says_unknown_when_the_management_api_does_not_answer(
+    client, viewer, settings, wired
+):
+    from tests.helpers import free_port
+
+    settings.RABBITMQ_MANAGEMENT_URL = f"http://guest:guest@127.0.0.1:{free_port()}"
+    client.force_login(viewer)
+    html = client.get("/broker/?refresh=1").content.decode()
+    row = html[html.index('id="trace-status"') :]
+    row = row[: row.index("</table>")]
+    assert "unknown" in row and ">off<" not in row
