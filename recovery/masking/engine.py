@@ -5,7 +5,7 @@ expressions over text bodies; a global rule covers every message, a team's rule 
 that team's scopes. This module is the engine, with no models: ``compile_rule`` checks and
 compiles one rule, a ``Masker`` (the rules for one message) turns headers, bodies, decoded
 documents and free text into what a viewer may see. Loading the rules and deciding who sees
-what is recovery.models.masking (``MaskingRules``, ``view_of``).
+what are recovery.models.masking (``MaskingRules``) and recovery.masking.policy (``view_of``).
 
 Stored bytes never change: only what is shown, downloaded, exported or sent out is masked; a
 replay sends the stored bytes.

@@ -306,7 +306,7 @@ class AlertRule(models.Model):
         }
         if event == "unknown":
             body.update(value=None, summary=f"cannot check: {self.last_error}", items=[])
-        return mask_payload(body, self.team_id)
+        return MaskingRules.load().notification_payload(body, self.team_id)
 
     def queue_notifications(self, event, now, check=None) -> int:
         """One outbox row per enabled channel (delivered later, outside any transaction, by
@@ -575,21 +575,3 @@ class Notification(models.Model):
             for name, value in fields.items():
                 setattr(self, name, value)
         return bool(held)
-
-
-def mask_payload(body, team_id):
-    """A notification's free text (summary, items, error) through the masking rules' regular
-    expressions: a job's reason or a check's item can quote message content. A team's rule:
-    the global rules and its team's; a global one: every rule (it may cover any team)."""
-    rules = MaskingRules.load()
-    masker = rules.team_masker(team_id)
-    if not masker:
-        return body
-    body = {**body}
-    for key in ("summary", "error"):
-        if isinstance(body.get(key), str):
-            body[key] = masker.free_text(body[key])
-    body["items"] = [
-        masker.free_text(item) if isinstance(item, str) else item for item in body["items"] or []
-    ]
-    return body

@@ -187,3 +187,21 @@ class MaskingRules:
             if team_id is None or team == team_id:
                 rules += team_rules
         return masker_of(rules)
+
+    def notification_payload(self, body, team_id):
+        """A notification's free text (summary, items, error) through the rules' regular
+        expressions: a job's reason or a check's item can quote message content. A team's
+        rule: the global rules and its team's; a global one: every rule (it may cover any
+        team)."""
+        masker = self.team_masker(team_id)
+        if not masker:
+            return body
+        body = {**body}
+        for key in ("summary", "error"):
+            if isinstance(body.get(key), str):
+                body[key] = masker.free_text(body[key])
+        body["items"] = [
+            masker.free_text(item) if isinstance(item, str) else item
+            for item in body["items"] or []
+        ]
+        return body
