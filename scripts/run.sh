@@ -40,7 +40,10 @@ demo() {
   local child=""
   trap '[ -n "$child" ] && kill "$child" 2>/dev/null; exit 0' INT TERM
   while true; do
-    $M simulate --count 60 --rate 10 --every 30 &
+    # mixed: half the demo's publishers and groups send OpenTelemetry spans to the console's
+    # intake instead of logging, so the audits read both sources (docs/audit.md).
+    $M simulate --count 60 --rate 10 --every 30 --telemetry mixed \
+      --otlp-endpoint "http://127.0.0.1:${PORT:-8000}/v1/traces" &
     child=$!
     status=0
     wait "$child" || status=$?

@@ -172,7 +172,11 @@ def read_logs(
     frames = []
     if json_lines:
         json_schema = T.StructType(
-            [*schema.fields, T.StructField(CORRUPT_RECORD, T.StringType()), *partition_fields]
+            [
+                *(_as_json_field(f) for f in schema.fields),
+                T.StructField(CORRUPT_RECORD, T.StringType()),
+                *partition_fields,
+            ]
         )
         frames.append(
             spark.read.schema(json_schema)
@@ -197,12 +201,26 @@ def read_logs(
     for version in LOG_SCHEMA_VERSIONS:
         unknown_version = unknown_version & (F.col("v") != version)
     return logs.select(
-        *schema.fieldNames(),
+        # The JSON side's fractional durations back to the schema's types (a no-op elsewhere).
+        *(F.col(f.name).cast(f.dataType).alias(f.name) for f in schema.fields),
         (F.unix_date("dt").cast("long") * 86_400_000 + F.col("hour") * HOUR_MS).alias(
             "file_hour_ms"
         ),
         (F.col(CORRUPT_RECORD).isNotNull() | missing_required | unknown_version).alias("malformed"),
     ).select(*out_columns)
+
+
+# Durations the log contract gives as any number (the client writes ``confirm_ms`` 33.397):
+# read from JSON as doubles, then cast to the schema's long. Read as longs, a fractional value
+# makes its whole line malformed, but only when the column is read: the JSON reader parses the
+# columns a query uses, so the same line was valid for one query and malformed for another.
+FRACTIONAL_JSON_FIELDS = ("confirm_ms", "handle_ms")
+
+
+def _as_json_field(field: T.StructField) -> T.StructField:
+    if field.name in FRACTIONAL_JSON_FIELDS:
+        return T.StructField(field.name, T.DoubleType(), field.nullable)
+    return field
 
 
 def epoch_ms(moment: datetime) -> int:

@@ -206,6 +206,8 @@ class AuditEvidenceSerializer(serializers.ModelSerializer):
             "cause",
             "count",
             "store_id",
+            "producer_source",
+            "consumer_source",
             "message",
         ]
         read_only_fields = fields

@@ -35,7 +35,7 @@ from django.views.decorators.csrf import csrf_exempt
 from recovery.access.models import ApiToken
 from recovery.access.scope import Scope
 from recovery.models import Role
-from recovery.telemetry import otlp, spans, store
+from recovery.telemetry import otlp
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,10 @@ def export_traces(request):
             body, request.headers.get("Content-Encoding"), settings.OTLP_MAX_INFLATED_BYTES
         )
         decoded = otlp.decode(inflated, media)
+        # Here, not at the top: the URL conf imports this module everywhere Django starts
+        # (every Celery worker), and the rows and their store need pyarrow (~80 MB).
+        from recovery.telemetry import spans
+
         flattened = spans.flatten(decoded)
         _write(flattened)
     except Refused as refused:
@@ -157,6 +161,8 @@ def _dechunk(stream, limit):
 
 
 def _write(flattened):
+    from recovery.telemetry import store
+
     if not flattened.kept:
         return
     base = settings.AUDIT_SPANS

@@ -64,7 +64,8 @@ def _json_safe(value):
 
 
 EVIDENCE_SQL = """COPY recovery_auditevidence
-    (run_id, kind, window_start, exchange, consumer_group, message_id, cause, count, store_id)
+    (run_id, kind, window_start, exchange, consumer_group, message_id, cause, count, store_id,
+     producer_source, consumer_source)
     FROM STDIN"""
 
 
@@ -152,6 +153,8 @@ def _evidence_rows(run_id, name, rows):
             cause,
             count or 1,
             row.get("store_id"),
+            row.get("producer_source") or "",
+            row.get("consumer_source") or "",
         )
 
 

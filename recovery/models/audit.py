@@ -208,6 +208,10 @@ class AuditEvidence(models.Model):
     count = models.IntegerField(default=1)
     # The store row with this message_id, when there is one (a plain id: retention may delete it).
     store_id = models.BigIntegerField(null=True, blank=True)
+    # What the audit read that day for the row's exchange and routing key (producer) and for
+    # its group (consumer): log | span | log+span; empty on days that read no span.
+    producer_source = models.CharField(max_length=16, blank=True, default="")
+    consumer_source = models.CharField(max_length=16, blank=True, default="")
 
     class Meta:
         ordering = ["window_start", "kind", "message_id"]

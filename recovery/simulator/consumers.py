@@ -8,6 +8,7 @@ import threading
 from recovery.client import IdempotentConsumer
 from recovery.simulator.connections import FaultSkipped
 from recovery.simulator.observe import observe_consumer
+from recovery.simulator.spans import ConsumerSpans
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,10 @@ class ConsumerWorker(threading.Thread):
                         f"-{self.slot}.{self.incarnation}"
                     ),
                 )
+                if sim.spans_for_group(self.group):
+                    consumer._log = ConsumerSpans(
+                        sim.span_sender, self.group, consumer.name, self.queue.name
+                    )
                 observe_consumer(consumer, sim.observer)
                 self._current = consumer
             try:

@@ -27,6 +27,7 @@ from recovery.simulator.consumers import start_group_workers, stop_group_workers
 from recovery.simulator.demo import DemoTopology, expected_groups
 from recovery.simulator.observe import Observer, Taps, observe_publisher
 from recovery.simulator.plan import Rates, drop_points, make_plan
+from recovery.simulator.spans import ProducerSpans, SpanSender
 from recovery.simulator.truth import CONSUMED, TOTAL_NAMES, add_totals, build_truth
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,9 @@ DRAIN_ROUNDS = 5
 # Per-message truth kept for the most recent messages only, so a simulator looping for days
 # (make run) keeps a bounded truth file; the totals always cover every round.
 MESSAGES_KEPT = 20_000
+
+
+TELEMETRY = ("logs", "otlp", "mixed")
 
 
 @dataclasses.dataclass
@@ -64,6 +68,12 @@ class SimulationConfig:
     confirm_timeout: float = 5.0  # a publish attempt unconfirmed this long is resent
     run_id: str | None = None
     late_binding: bool = False  # bind the fanout's "latecomer" queue halfway through round 1
+    # logs: every publisher and consumer writes the log contract; otlp: they send spans to the
+    # intake instead (recovery/simulator/spans.py); mixed: odd-numbered publishers and every
+    # second consumer group send spans, the others log.
+    telemetry: str = "logs"
+    otlp_endpoint: str | None = None
+    otlp_token: str | None = None
 
     def __post_init__(self):
         if self.count < 1:
@@ -78,6 +88,10 @@ class SimulationConfig:
             raise ValueError("--ttl-ms and --max-length must be at least 1")
         if self.settle_timeout <= 0 or self.confirm_timeout <= 0:
             raise ValueError("--settle-timeout and --confirm-timeout must be positive")
+        if self.telemetry not in TELEMETRY:
+            raise ValueError(f"--telemetry must be one of {', '.join(TELEMETRY)}")
+        if self.telemetry != "logs" and not (self.otlp_endpoint and self.otlp_token):
+            raise ValueError("--telemetry otlp|mixed needs --otlp-endpoint and a token")
         self.seed = self.seed if self.seed is not None else uuid.uuid4().hex[:12]
         self.run_id = self.run_id or uuid.uuid4().hex[:8]
         self.vhost = self.vhost or settings.RECOVERY_VHOSTS[0]
@@ -105,6 +119,23 @@ class Simulation:
         self.messages = {}
         self.messages_dropped = 0  # older per-message entries left out (MESSAGES_KEPT)
         self.totals = dict.fromkeys(TOTAL_NAMES, 0)
+        self.span_sender = (
+            SpanSender(config.otlp_endpoint, config.otlp_token)
+            if config.telemetry != "logs"
+            else None
+        )
+
+    def spans_for_producer(self, index):
+        """Whether publisher ``index`` sends spans instead of logging (``--telemetry``)."""
+        mode = self.config.telemetry
+        return mode == "otlp" or (mode == "mixed" and index % 2 == 1)
+
+    def spans_for_group(self, group):
+        mode = self.config.telemetry
+        if mode != "mixed":
+            return mode == "otlp"
+        groups = sorted({b["consumer_group"] for b in self.bindings})
+        return group in groups and groups.index(group) % 2 == 1
 
     def url(self, connection_name):
         return named_url(settings.RABBITMQ_URL, self.config.vhost, connection_name)
@@ -144,6 +175,8 @@ class Simulation:
             stop_group_workers(workers)
             taps.stop()
             taps.delete()
+            if self.span_sender is not None:
+                self.span_sender.flush()  # a round's spans are all sent before its truth
         truth = build_truth(plan, self.observer.snapshot(), self.bindings)
         skipped = self._say_skipped(round_no)
         self.rounds.append(
@@ -183,21 +216,25 @@ class Simulation:
             if connection.is_open:
                 connection.close()
 
+    def _publisher(self, index):
+        cfg = self.config
+        publisher = ReliablePublisher(
+            self.url(self.connections.producer_name(index)),
+            producer=f"simulate-{index}",
+            log_dir=cfg.producer_log_dir,
+            returns_queue=self.names.returns,
+            outbox_dsn=cfg.outbox_dsn,
+            confirm_timeout=cfg.confirm_timeout,
+        )
+        if self.spans_for_producer(index):
+            # Before any message flows (observe_publisher wraps whatever ``_log`` is then).
+            publisher._log = ProducerSpans(self.span_sender, f"simulate-{index}")
+        return publisher
+
     def _publish(self, plan, drops_before):
         cfg = self.config
         publishers = [
-            observe_publisher(
-                ReliablePublisher(
-                    self.url(self.connections.producer_name(i)),
-                    producer=f"simulate-{i}",
-                    log_dir=cfg.producer_log_dir,
-                    returns_queue=self.names.returns,
-                    outbox_dsn=cfg.outbox_dsn,
-                    confirm_timeout=cfg.confirm_timeout,
-                ),
-                self.observer,
-            )
-            for i in range(cfg.producers)
+            observe_publisher(self._publisher(i), self.observer) for i in range(cfg.producers)
         ]
         drops = set(drops_before)
         dropper = Dropper(self.connections, self.observer)
@@ -312,6 +349,25 @@ class Simulation:
                 "confirm_timeout": cfg.confirm_timeout,
             },
             "logs": {"producer": cfg.producer_log_dir, "consumer": cfg.consumer_log_dir},
+            # Spans (--telemetry otlp|mixed): who sent them, and how many the intake did not
+            # take. A span-described publish is "sent" (confirmation unknown) in the audit, so
+            # its losses are lost_confirmation_unknown there, never the truth's "lost".
+            "telemetry": {
+                "mode": cfg.telemetry,
+                "endpoint": cfg.otlp_endpoint,
+                "span_producers": [
+                    f"simulate-{i}" for i in range(cfg.producers) if self.spans_for_producer(i)
+                ],
+                "span_groups": sorted(
+                    {
+                        b["consumer_group"]
+                        for b in self.bindings
+                        if self.spans_for_group(b["consumer_group"])
+                    }
+                ),
+                "spans_sent": self.span_sender.sent if self.span_sender else 0,
+                "spans_dropped": self.span_sender.dropped if self.span_sender else 0,
+            },
             "bindings": self.bindings,
             "bindings_path": cfg.bindings_path,
             "rounds": self.rounds,

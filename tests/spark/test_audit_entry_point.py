@@ -1,5 +1,6 @@
 """The entry point on real files: JSON Lines and Parquet logs, a store export, a bindings file."""
 
+import datetime
 import json
 
 import pyarrow as pa
@@ -96,3 +97,40 @@ def test_it_audits_json_lines_and_parquet_logs_into_parquet_outputs(spark, tmp_p
         ("producer", "p1-1.parquet"),
     ]
     assert all(m["bytes"] > 0 for m in manifest)
+
+
+@pytest.mark.quick
+def test_fractional_durations_are_valid_lines_whichever_columns_are_read(spark, tmp_path):
+    """The client writes ``confirm_ms`` and ``handle_ms`` as any number (33.397): such a line is
+    valid, read whole (as the span merge checkpoints it) or in part (as a summary reads it).
+    Read as longs it was malformed only when the column was read."""
+    from pyspark.sql import functions as F
+
+    from spark.schema import (
+        CONSUMER_LOG_SCHEMA,
+        CONSUMER_REQUIRED,
+        PRODUCER_LOG_SCHEMA,
+        PRODUCER_REQUIRED,
+        list_log_files,
+        read_logs,
+    )
+
+    producer = tmp_path / "producer"
+    consumer = tmp_path / "consumer"
+    write_jsonl(
+        producer / "dt=2026-03-01" / "hour=10" / "p.jsonl",
+        [{**publish("m-1", at(10)), "confirm_ms": 33.397}],
+    )
+    write_jsonl(
+        consumer / "dt=2026-03-01" / "hour=10" / "c.jsonl",
+        [{**consume("m-1", at(10, 1)), "handle_ms": 2.25}],
+    )
+    for base, schema, required, duration in (
+        (producer, PRODUCER_LOG_SCHEMA, PRODUCER_REQUIRED, "confirm_ms"),
+        (consumer, CONSUMER_LOG_SCHEMA, CONSUMER_REQUIRED, "handle_ms"),
+    ):
+        files = list_log_files(spark, str(base), [datetime.datetime(2026, 3, 1, 10)])
+        frame = read_logs(spark, files, str(base), schema, required)
+        [whole] = frame.collect()
+        assert whole["malformed"] is False and whole[duration] in (33, 2)
+        assert frame.where(~F.col("malformed")).select("message_id").count() == 1

@@ -143,6 +143,9 @@ def test_a_day_of_spans_names_the_recoverable_and_the_truly_lost(live_server, co
     } == stored
     assert evidence.get("lost_confirmation_unknown") == {f"r-{n}" for n in range(1, 5)}
     assert "lost" not in evidence  # a span never says "confirmed": nothing is a plain loss
+    # Each row names what the audit read: spans for both sides, no log.
+    sources = set(run.evidence.values_list("producer_source", "consumer_source"))
+    assert sources == {("span", "span")}, sources
     totals = run.totals
     assert totals["recoverable"] == 4 and totals["lost_confirmation_unknown"] == 4
     assert totals["sent"] == totals["distinct_published"] == 20

@@ -1,3 +1,4 @@
+import os
 import time
 from pathlib import Path
 
@@ -151,6 +152,26 @@ class Command(BaseCommand):
             help="ground truth JSON (default var/simulate/truth.json)",
         )
         out.add_argument(
+            "--telemetry",
+            choices=("logs", "otlp", "mixed"),
+            default="logs",
+            help="how publishers and consumers describe what they do: the log contract (logs), "
+            "OpenTelemetry spans sent to --otlp-endpoint (otlp), or odd-numbered publishers "
+            "and every second consumer group with spans, the others with logs (mixed)",
+        )
+        out.add_argument(
+            "--otlp-endpoint",
+            default=os.environ.get("LAZARUS_OTLP_ENDPOINT", "http://127.0.0.1:8000/v1/traces"),
+            help="the span intake (default $LAZARUS_OTLP_ENDPOINT, else "
+            "http://127.0.0.1:8000/v1/traces)",
+        )
+        out.add_argument(
+            "--otlp-token",
+            default=os.environ.get("LAZARUS_OTLP_TOKEN"),
+            help="an operator's API token for it (default $LAZARUS_OTLP_TOKEN, else a new "
+            "token of the user 'simulator', made an operator)",
+        )
+        out.add_argument(
             "--bindings-out",
             help="bindings snapshot JSON for `audit` (default: bindings.json beside --truth)",
         )
@@ -223,9 +244,30 @@ class Command(BaseCommand):
                 confirm_timeout=options["confirm_timeout"],
                 run_id=options["run_id"],
                 late_binding=options["late_binding"],
+                telemetry=options["telemetry"],
+                otlp_endpoint=options["otlp_endpoint"],
+                otlp_token=(
+                    (options["otlp_token"] or simulator_token())
+                    if options["telemetry"] != "logs"
+                    else None
+                ),
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
+
+
+def simulator_token():
+    """A fresh API token of the operator ``simulator`` (made if missing), for its spans."""
+    from django.contrib.auth import get_user_model
+
+    from recovery.models import ApiToken, set_role
+
+    user, _ = get_user_model().objects.get_or_create(username="simulator")
+    set_role(user, "operator")
+    name = "simulate --telemetry"
+    for old in ApiToken.objects.filter(user=user, name=name, revoked_at__isnull=True):
+        old.revoke()  # one live token: make run restarts the demo often
+    return ApiToken.issue(user, name=name)[1]
 
 
 def _line(totals):
