@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.util import inheritable_thread_target
 
-from spark import evidence, expectations, log_facts, metrics, rollup
+from spark import evidence, expectations, log_facts, metrics, rollup, trace_facts
 from spark import spans as spans_module
 from spark.schema import (
     CONSUMER_LOG_SCHEMA,
@@ -82,10 +82,14 @@ def run_audit(
     sla_ms: int = 5000,
     now: datetime | str | None = None,
     spans: str | None = None,
+    trace: dict | None = None,
 ) -> dict[str, DataFrame]:
     """Reconcile one UTC day. ``grace`` is a timedelta or minutes; ``now`` defaults to the clock.
     ``spans``: the OpenTelemetry span rows' directory (``AUDIT_SPANS``), read beside the logs
     (``read_span_facts``); None or no file of the day: the logs alone, as before.
+    ``trace``: the broker's firehose records (``spark/trace_facts.py``), a dict of ``path``
+    (``AUDIT_TRACE``), ``gaps`` (the tap's trace_gaps over the days read, as
+    ``recovery.broker.trace.coverage_gaps`` gives them) and ``ignored_queues`` (Lazarus's own).
 
     Reads producer logs from (day - max(1h, grace)) to (day end + grace) and consumer logs from the
     day start to (day end + grace). Returns the DataFrames named in ``OUTPUTS``; the shared
@@ -106,14 +110,18 @@ def run_audit(
     consumer_raw = read_logs(
         spark, consumer_files, consumer_logs, CONSUMER_LOG_SCHEMA, CONSUMER_REQUIRED
     )
-    span_files = (
-        list_log_files(spark, spans, _span_hours(day_start, math.ceil(grace_ms / HOUR_MS)))
-        if spans
-        else []
-    )
-    if span_files:
-        producer_raw, consumer_raw = with_span_facts(
-            spark, producer_raw, consumer_raw, producer_files, consumer_files, span_files, spans
+    hours = _span_hours(day_start, math.ceil(grace_ms / HOUR_MS))
+    span_files = list_log_files(spark, spans, hours) if spans else []
+    trace = trace or {}
+    trace_files = list_log_files(spark, trace["path"], hours) if trace.get("path") else []
+    traced = []
+    if span_files or trace_files:
+        producer_raw, consumer_raw, traced = with_other_sources(
+            spark,
+            (producer_raw, consumer_raw),
+            (producer_files, consumer_files),
+            (span_files, spans),
+            (trace_files, trace, bindings),
         )
     outputs = audit_frames(
         producer_raw,
@@ -124,8 +132,12 @@ def run_audit(
         grace_ms,
         sla_ms,
         now_ms,
+        traced=traced,
+        trace_gaps=trace.get("gaps") or [] if trace_files else [],
     )
-    outputs["manifest"] = manifest_frame(spark, producer_files, consumer_files, span_files)
+    outputs["manifest"] = manifest_frame(
+        spark, producer_files, consumer_files, span_files, trace_files
+    )
     return outputs
 
 
@@ -149,26 +161,55 @@ def read_span_facts(spark: SparkSession, span_files, base: str):
     return spans_module.span_facts(rows)
 
 
-def with_span_facts(
-    spark, producer_raw, consumer_raw, producer_files, consumer_files, span_files, base
-):
-    """The logs' frames with the span facts no log line describes (``spans.merged``: the log
-    wins), each with its ``source``. They are computed once here (the spans' nesting joins,
-    the merge) and checkpointed: the summary, the main pass and the exact path read them."""
-    span_producers, span_consumers = read_span_facts(spark, span_files, base)
-    producers = (
-        spans_module.merged(producer_raw, span_producers, ("message_id",))
-        if producer_files
-        else span_producers
+def read_trace_facts(spark: SparkSession, trace_files, trace: dict, bindings: list[dict]):
+    """The firehose records of ``trace_files`` -> ``trace_facts.trace_facts``' (producer,
+    consumer, routes) frames; a queue's group is the one the bindings name for it."""
+    rows = (
+        spark.read.schema(trace_facts.TRACE_READ_SCHEMA)
+        .option("basePath", trace["path"])
+        .parquet(*[f.path for f in trace_files])
     )
-    consumers = (
-        spans_module.merged(consumer_raw, span_consumers, ("message_id", "consumer_group"))
-        if consumer_files
-        else span_consumers
+    queue_groups = {b["queue"]: b["consumer_group"] for b in bindings if b.get("queue")}
+    return trace_facts.trace_facts(rows, queue_groups, trace.get("ignored_queues") or ())
+
+
+def with_other_sources(spark, raw, files, span_input, trace_input):
+    """The logs' frames with the span and trace facts no stronger source describes
+    (``spans.strongest_first``: producer log > trace > span, consumer log > span > trace),
+    each with its ``source``, and the broker's ``traced`` expectations. ``raw``, ``files``:
+    (producer, consumer) frames and files of the logs; ``span_input``: (files, base);
+    ``trace_input``: (files, ``run_audit``'s trace dict, bindings). Computed once here (the
+    spans' nesting joins, the merges) and checkpointed: the summary, the main pass and the
+    exact path read them."""
+    (producer_raw, consumer_raw), (producer_files, consumer_files) = raw, files
+    span_files, span_base = span_input
+    trace_files, trace, bindings = trace_input
+    producers = [spans_module.with_source(producer_raw)] if producer_files else []
+    consumers = [spans_module.with_source(consumer_raw)] if consumer_files else []
+    span_frames = read_span_facts(spark, span_files, span_base) if span_files else None
+    traced = []
+    if trace_files:
+        trace_producers, trace_consumers, routes = read_trace_facts(
+            spark, trace_files, trace, bindings
+        )
+        producers.append(trace_producers)
+        traced = trace_facts.traced_expectations(trace_facts.route_runs(routes))
+    if span_frames:
+        producers.append(span_frames[0])
+        consumers.append(span_frames[1])
+    if trace_files:
+        consumers.append(trace_consumers)
+    empty = spans_module.empty_span_frames(spark)
+    frames = (
+        spans_module.strongest_first(producers or [empty[0]], ("message_id",)),
+        spans_module.strongest_first(consumers or [empty[1]], ("message_id", "consumer_group")),
     )
-    return tuple(
-        frame.localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
-        for frame in (producers, consumers)
+    return (
+        *(
+            frame.localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
+            for frame in frames
+        ),
+        traced,
     )
 
 
@@ -201,13 +242,25 @@ def audit_frames(
     sla_ms: int,
     now_ms: int,
     fold: bool | None = None,
+    traced: list = (),
+    trace_gaps: list = (),
 ) -> dict[str, DataFrame]:
     """The audit over parsed inputs (``read_logs`` frames, store export, bindings entries):
     the day's rollup (``audit_rollup``), then every output read from it (``audit_outputs``).
     ``fold`` forces the rollup's path (``rollup.takes_fold``; None, the default, lets the day
-    choose): for a test to run one day through both paths and compare every output."""
+    choose): for a test to run one day through both paths and compare every output.
+    ``traced``, ``trace_gaps``: the broker's expectations and the tap's gaps (``run_audit``)."""
     facts, rolled, listed = audit_rollup(
-        producer_raw, consumer_raw, store, bindings, day_start_ms, grace_ms, now_ms, fold
+        producer_raw,
+        consumer_raw,
+        store,
+        bindings,
+        day_start_ms,
+        grace_ms,
+        now_ms,
+        fold,
+        traced=traced,
+        trace_gaps=trace_gaps,
     )
     return audit_outputs(facts, rolled, listed, day_start_ms, grace_ms, sla_ms, now_ms)
 
@@ -221,6 +274,8 @@ def audit_rollup(
     grace_ms: int,
     now_ms: int,
     fold: bool | None = None,
+    traced: list = (),
+    trace_gaps: list = (),
 ) -> tuple[log_facts.LogFacts, DataFrame, dict[str, int]]:
     """The day's facts, its rollup and the rows each evidence output lists.
 
@@ -231,7 +286,9 @@ def audit_rollup(
     and does not even look: ``LogFacts.unbound_possible``). ``fold``: as ``audit_frames``'.
     """
     summary = log_facts.log_summary(producer_raw, consumer_raw).collect()
-    facts = log_facts.LogFacts.from_summary(summary, bindings, day_start_ms, grace_ms, now_ms)
+    facts = log_facts.LogFacts.from_summary(
+        summary, bindings, day_start_ms, grace_ms, now_ms, traced=traced, trace_gaps=trace_gaps
+    )
     # A first pass that finds any unbound pair is followed by a second one, so it need not
     # list evidence on those pairs: without bindings that would be a row per message, rolled
     # up and checkpointed only to be thrown away. Without any, it lists everything it must.
@@ -256,6 +313,8 @@ def audit_rollup(
             grace_ms,
             now_ms,
             observed=expectations.observed_expectations(spans),
+            traced=traced,
+            trace_gaps=trace_gaps,
         )
         rolled, listed = rollup.rolled(
             facts, producer_raw, consumer_raw, store, day_start_ms, grace_ms, now_ms, fold=fold
@@ -278,7 +337,18 @@ def audit_outputs(
         metrics.histogram_rows(metrics.latency_histogram(rolled).toArrow())
     )
     malformed_by_hour, hours, gaps = _input_frames(spark, facts, day_start_ms)
-    provenance = log_facts.local_frame(spark, facts.provenance, log_facts.PROVENANCE_COLUMNS)
+    provenance = log_facts.local_frame(
+        spark,
+        [
+            *facts.provenance,
+            # where the broker's routing and the bindings differ: the broker's is taken
+            *[
+                (ex, rk, group, expectations.SPAN_START, expectations.SPAN_END, f"differs: {what}")
+                for ex, rk, group, what in facts.trace_differences
+            ],
+        ],
+        log_facts.PROVENANCE_COLUMNS,
+    )
     outputs = {
         "windows": metrics.window_metrics(
             rolled,
@@ -322,7 +392,7 @@ def audit_outputs(
             "AS expected_until",
         ),
     }
-    if facts.has_spans:  # each evidence row names what it was read from (log, span, both)
+    if facts.has_other_sources:  # each evidence row names what it was read from (log, span, ...)
         for name in ("lost", "duplicates", "orphans", "unclaimed", "recoverable"):
             outputs[name] = evidence.with_sources(outputs[name], facts.sources)
         outputs["received_unknown"] = evidence.with_sources(
@@ -364,11 +434,14 @@ def _input_frames(spark, facts, day_start_ms):
     return malformed_by_hour, hours, gaps
 
 
-def manifest_frame(spark: SparkSession, producer_files, consumer_files, span_files=()) -> DataFrame:
+def manifest_frame(
+    spark: SparkSession, producer_files, consumer_files, span_files=(), trace_files=()
+) -> DataFrame:
     """The input manifest: every file read, with its size (rows are in ``totals``)."""
     rows = [("producer", f.path, f.size) for f in producer_files]
     rows += [("consumer", f.path, f.size) for f in consumer_files]
     rows += [("span", f.path, f.size) for f in span_files]
+    rows += [("trace", f.path, f.size) for f in trace_files]
     return log_facts.local_frame(
         spark, rows, [("source", "string"), ("path", "string"), ("bytes", "bigint")]
     )
@@ -428,12 +501,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--store", help="Parquet export of the recovery store slice")
     parser.add_argument("--spans", help="OpenTelemetry span rows (AUDIT_SPANS), beside the logs")
     parser.add_argument("--bindings", required=True, help="JSON list of bindings")
+    parser.add_argument(
+        "--trace",
+        help="JSON file: the broker's trace (path, gaps, ignored_queues; spark/trace_facts.py)",
+    )
     parser.add_argument("--out", required=True)
     parser.add_argument("--grace-minutes", type=int, default=60)
     parser.add_argument("--sla-ms", type=int, default=5000)
     parser.add_argument("--now", help="ISO timestamp deciding FINAL vs PROVISIONAL (default: now)")
     parser.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
     return parser.parse_args(argv)
+
+
+def _read_json(path: str):
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
 
 
 def main(argv=None) -> int:
@@ -457,6 +539,7 @@ def main(argv=None) -> int:
             sla_ms=args.sla_ms,
             now=args.now,
             spans=args.spans,
+            trace=_read_json(args.trace) if args.trace else None,
         )
         totals = write_outputs(outputs, args.out)
         print(json.dumps(totals, sort_keys=True))

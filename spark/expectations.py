@@ -18,8 +18,9 @@ WORD_BITS = 63
 # Unbounded ends of an expectation's time span (epoch ms), far from any real timestamp.
 SPAN_START, SPAN_END = -(1 << 62), 1 << 62
 # Which source an expectation came from, strongest first: a lost pair's evidence shows the
-# strongest that expected it.
-SOURCES = ("configured", "bound", "observed")
+# strongest that expected it. ``traced``: the broker's own ``routed_queues`` (spark/trace_facts.py),
+# which replace every other source's expectations of a key it traced.
+SOURCES = ("traced", "configured", "bound", "observed")
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,8 @@ def key_expectations(producer, every: list[Expectation], bit_groups: list[str], 
     ):
         keys.append((hashed, exchange, routing_key))
         applying = [e for e, m in matchers if e.exchange == exchange and m(routing_key)]
+        if any(e.source == "traced" for e in applying):  # the broker named the queues
+            applying = [e for e in applying if e.source == "traced"]
         spans = [(e.consumer_group, e.from_ms, e.until_ms) for e in applying]
         spans_of[(exchange, routing_key)] = spans
         anybound = mask({e.consumer_group for e in applying if e.source != "observed"})
@@ -118,3 +121,28 @@ def key_expectations(producer, every: list[Expectation], bit_groups: list[str], 
             }
         )
     return keys, expectations, provenance, spans_of
+
+
+def trace_differences(keys, every: list[Expectation]) -> list[tuple]:
+    """(exchange, routing_key, consumer_group, "bound, not routed" | "routed, not bound") for
+    every traced key whose groups the bindings or the configuration name differently from the
+    broker's routing (a warning: the broker's word is the one the audit takes)."""
+    traced = [e for e in every if e.source == "traced"]
+    named = [(e, e.matcher()) for e in every if e.source in ("bound", "configured")]
+    out = set()
+    for _, exchange, routing_key in keys:
+        routed = {
+            e.consumer_group for e in traced if e.exchange == exchange and e.pattern == routing_key
+        }
+        if not routed:
+            continue
+        bound = {e.consumer_group for e, m in named if e.exchange == exchange and m(routing_key)}
+        if not bound:
+            continue  # no binding history to check against
+        out |= {(exchange, routing_key, g, "bound, not routed") for g in bound - routed}
+        out |= {
+            (exchange, routing_key, g, "routed, not bound")
+            for g in routed - bound
+            if not g.startswith("(")
+        }
+    return sorted(out)

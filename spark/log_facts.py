@@ -13,6 +13,7 @@ Definitions: the docstring of ``spark/transforms.py``.
 import math
 from collections import defaultdict
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
@@ -23,6 +24,7 @@ from spark.expectations import (
     WORD_BITS,
     Expectation,
     key_expectations,
+    trace_differences,
 )
 from spark.schema import HOUR_MS
 
@@ -189,6 +191,39 @@ def input_gaps(hours, first_hour_ms: int, end_hour_ms: int) -> list[tuple]:
     return sorted(gaps, key=lambda g: (g[3], g[0], g[1], g[2] or ""))
 
 
+def _utc(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def trace_gap_rows(
+    trace_gaps, groups, first_hour_ms: int, end_hour_ms: int, group_of=None
+) -> list[tuple]:
+    """The tap's trace_gaps (dicts of kind, node, from_ms, until_ms) as input gaps of each
+    traced group: one (``"trace"``, what, group, hour_ms) per hour a gap touches in [first,
+    end). A trace record lost in a gap is a delivery of a traced group the audit cannot see, so
+    its pairs of every window whose deadline passes the hour are ``unverified`` (``gap_windows``),
+    never lost and never fine. (A lost publish record leaves no message to count.) A gap that
+    names a ``queue`` (``queued``: it held messages when the audit ran) is its group's only
+    (``group_of``: queue -> group, else the queue's own name), when that group is traced."""
+    group_of = group_of or {}
+    rows = set()
+    for gap in trace_gaps:
+        what = f"trace_gap {gap['kind']} {_utc(gap['from_ms'])}..{_utc(gap['until_ms'])}"
+        if gap.get("node"):
+            what += f" {gap['node']}"
+        hit = groups
+        if gap.get("queue"):
+            what += f" {gap['queue']} held {gap.get('messages')}"
+            group = group_of.get(gap["queue"], gap["queue"])
+            hit = [group] if group in groups else []
+        hour = gap["from_ms"] - gap["from_ms"] % HOUR_MS
+        while hour < gap["until_ms"]:
+            if first_hour_ms <= hour < end_hour_ms:
+                rows.update(("trace", what, group, hour) for group in hit)
+            hour += HOUR_MS
+    return sorted(rows, key=lambda g: (g[3], g[0], g[1], g[2] or ""))
+
+
 def gap_windows(gaps, grace_ms: int) -> list[tuple]:
     """(window_ms, consumer_group) whose pairs an input gap hides; a null group = every group.
 
@@ -204,11 +239,13 @@ def gap_windows(gaps, grace_ms: int) -> list[tuple]:
 
 
 def _log_gaps(summary, day_start_ms: int, day_end_ms: int, grace_ms: int) -> list[tuple]:
-    """The input gaps of the day: producer hours of the day, consumer hours up to the grace."""
+    """The input gaps of the day: producer hours of the day, consumer hours up to the grace.
+    The broker's trace records are not a process's log: their completeness is the tap's
+    coverage (``trace_gap_rows``), and a client silent for an hour is no hole in them."""
     hours = {
         (r.source, r.process, r.consumer_group, r.file_hour_ms)
         for r in summary
-        if r.process is not None and r.malformed is None
+        if r.process is not None and r.malformed is None and r.origin != "trace"
     }
     grace_hours = math.ceil(grace_ms / HOUR_MS)
     return input_gaps(
@@ -245,13 +282,16 @@ class LogFacts:
     # Whether a group that logged lines has a producer key no binding or configuration names
     # it for: only then can the rollup show unbound consumption (and observed expectations).
     unbound_possible: bool = True
-    # (side, exchange or group, routing key or null, "log" | "span" | "log+span"): what the
-    # audit read for each producer key and consumer group (the evidence's sources)
+    # (side, exchange or group, routing key or null, "log" | "span" | "trace" | "log+span" |
+    # ...): what the audit read for each producer key and consumer group (the evidence's sources)
     sources: tuple = ()
+    # (exchange, routing_key, group, what): where the bindings and the broker's routing differ
+    trace_differences: tuple = ()
 
     @property
-    def has_spans(self) -> bool:
-        return any("span" in src for *_, src in self.sources)
+    def has_other_sources(self) -> bool:
+        """Whether anything but the log contract was read (spans, the broker's trace)."""
+        return any(src != "log" for *_, src in self.sources)
 
     @classmethod
     def from_summary(
@@ -262,11 +302,15 @@ class LogFacts:
         grace_ms: int,
         now_ms: int | None = None,
         observed: list[Expectation] = (),
+        traced: list[Expectation] = (),
+        trace_gaps: list[dict] = (),
     ) -> "LogFacts":
         """``summary``: the collected rows of ``log_summary``; ``bindings``: the bindings
         entries (``Expectation.from_binding``); ``observed``: the expectations the consumer
         logs showed (a second pass, ``spark/audit.py``); ``now_ms``: windows whose deadline
-        has passed are checked for groups that wrote no line (null: none are)."""
+        has passed are checked for groups that wrote no line (null: none are); ``traced``: the
+        broker's expectations (``spark/trace_facts.py``), which replace the others of the keys
+        they name; ``trace_gaps``: the tap's gaps (``trace_gap_rows``)."""
         day_end_ms = day_start_ms + 24 * HOUR_MS
         valid, bad = valid_and_malformed(summary)
         producer = [row for row in valid if row.source == "producer"]
@@ -277,10 +321,11 @@ class LogFacts:
         configured = [Expectation.from_binding(b) for b in bindings]
         bound = sorted({e.consumer_group for e in configured})
         logged = {r.consumer_group for r in consumer}
-        bit_groups = sorted(set(bound) | logged | {e.consumer_group for e in observed})
+        traced_groups = {e.consumer_group for e in traced}
+        bit_groups = sorted(set(bound) | logged | {e.consumer_group for e in [*observed, *traced]})
         words = max(1, math.ceil(len(bit_groups) / WORD_BITS))
         keys, expectations, provenance, spans_of = key_expectations(
-            producer, [*configured, *observed], bit_groups, words
+            producer, [*configured, *traced, *observed], bit_groups, words
         )
         # Only groups that logged lines can give a message lines of several groups: a silent
         # group beside a logging one (a missing log) leaves each message the lines of one.
@@ -293,7 +338,7 @@ class LogFacts:
         if len(logged) > 1:
             multi_group_lines += sum(r.lines for r in consumer if r.consumer_group not in bound)
         bound_to = defaultdict(set)
-        for e in configured:
+        for e in [*configured, *traced]:
             matches = e.matcher()
             for _, exchange, routing_key in keys:
                 if e.exchange == exchange and matches(routing_key):
@@ -303,13 +348,27 @@ class LogFacts:
             for hashed, _, _ in keys
         )
         gaps = _log_gaps(summary, day_start_ms, day_end_ms, grace_ms)
-        missing = missing_logs(producer, consumer, spans_of, day_start_ms, grace_ms, now_ms)
+        grace_end = day_end_ms + math.ceil(grace_ms / HOUR_MS) * HOUR_MS
+        gaps += trace_gap_rows(
+            trace_gaps,
+            sorted(traced_groups),
+            day_start_ms,
+            grace_end,
+            {e.queue: e.consumer_group for e in configured if e.queue},
+        )
+        # A traced group's deliveries are the broker's word, complete where no trace_gap is: a
+        # queue nobody consumed from (every message expired) is no missing log.
+        missing = [
+            m
+            for m in missing_logs(producer, consumer, spans_of, day_start_ms, grace_ms, now_ms)
+            if m[1] not in traced_groups
+        ]
         malformed = defaultdict(int)
         for row in bad:
             if day_start_ms <= row.file_hour_ms < day_end_ms:
                 malformed[row.file_hour_ms] += row.lines
         queue_groups = {(r.queue, r.consumer_group) for r in consumer if r.queue is not None}
-        queue_groups |= {(e.queue, e.consumer_group) for e in configured if e.queue}
+        queue_groups |= {(e.queue, e.consumer_group) for e in [*configured, *traced] if e.queue}
         return cls(
             keys=keys,
             expectations=expectations,
@@ -332,6 +391,7 @@ class LogFacts:
             multi_group_lines=multi_group_lines,
             unbound_possible=unbound_possible,
             sources=_sources(valid),
+            trace_differences=tuple(trace_differences(keys, [*configured, *traced])),
         )
 
     def expectation_columns(self) -> list[tuple[str, str]]:
@@ -354,7 +414,7 @@ def _sources(valid) -> tuple:
         else:
             seen[("consumer", row.consumer_group, None)].add(origin)
     return tuple(
-        (*key, "+".join(s for s in ("log", "span") if s in origins))
+        (*key, "+".join(s for s in ("log", "span", "trace") if s in origins))
         for key, origins in sorted(seen.items(), key=lambda i: tuple(map(str, i[0])))
     )
 

@@ -107,7 +107,7 @@ CONSUMER_OPERATIONS = ("receive", "process", "deliver", "settle")
 # The outcomes spans add to the log contract's (they never appear in a log line).
 SENT, DELIVERED, FAILED = "sent", "delivered", "failed"
 SETTLE_OUTCOMES = {"ack": "ack", "reject": "reject", "nack": "requeue", "requeue": "requeue"}
-SOURCES = ("log", "span")
+SOURCES = ("log", "span", "trace")
 SYNTHETIC_PREFIX = "otel:"
 
 
@@ -275,9 +275,21 @@ def merged(logs: DataFrame, spans: DataFrame, keys: tuple[str, ...]) -> DataFram
     """The log's lines and the span facts no log line describes: the log wins (it knows
     confirms and acks), and a message with both is never counted twice. ``keys``: what makes
     two rows one fact (producer: the message id; consumer: the message id and group)."""
-    valid_logs = logs.where(~F.col("malformed")).select(*keys).distinct()
-    kept = spans.join(valid_logs, on=list(keys), how="left_anti")
-    return with_source(logs).unionByName(kept)
+    return strongest_first([with_source(logs), spans], keys)
+
+
+def strongest_first(frames: list[DataFrame], keys: tuple[str, ...]) -> DataFrame:
+    """Every fact of ``frames[0]``, then each next frame's facts that no stronger frame's
+    valid row describes (``keys``): the strongest source wins each fact, none counts twice.
+    The audit's order: producer log > broker trace > span (a span cannot say the broker took
+    the message), consumer log > span > trace (an ack beats a delivery)."""
+    out = frames[0]
+    seen = frames[0].where(~F.col("malformed")).select(*keys)
+    for frame in frames[1:]:
+        kept = frame.join(seen.distinct(), on=list(keys), how="left_anti")
+        out = out.unionByName(kept)
+        seen = seen.unionByName(kept.where(~F.col("malformed")).select(*keys))
+    return out
 
 
 def empty_span_frames(spark) -> tuple[DataFrame, DataFrame]:

@@ -24,8 +24,10 @@ expected group  a group expected to receive a message: one whose expectation for
              is expected for that exact key from the start of the window of the first such
              message to the end of the window of the last one. (A group bound to the key at any
              time of the day is held to its bindings only: its consumption outside them is
-             counted, not turned into an expectation.) Each lost pair shows its strongest source
-             (configured, bound, observed).
+             counted, not turned into an expectation.) ``traced``: the broker's firehose said
+             which queues it routed each publish of the key to (spark/trace_facts.py); where it
+             did, those replace every other source for the key. Each lost pair shows its
+             strongest source (traced, configured, bound, observed).
 pair         (message, consumer group) for every expected group and every group that logged a
              delivery of it. A message with neither gets one pair with a null group.
 unclaimed    confirmed messages with no expected group: no binding, configuration or observation

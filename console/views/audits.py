@@ -16,7 +16,12 @@ from console.access import operator_required, viewer_required
 from console.forms.audits import EvidenceFilterForm
 from console.forms.paging import anchor_of
 from recovery.models import AuditRun, Message, Role, scope_of, team_scoped
-from recovery.replay.jobs import create_job, describe_target
+from recovery.replay.jobs import (
+    NothingRecoverable,
+    RecoverableGone,
+    describe_target,
+    replay_recoverable,
+)
 
 RUNS_PER_PAGE = 50
 EVIDENCE_PER_PAGE = 200
@@ -364,23 +369,20 @@ def audit_replay_recoverable(request, pk):
     """One replay job of the run's recoverable messages (``AuditRun.recoverable_ids``), with the
     job defaults (canary, breaker); a team member's covers their team's windows only. 404 when
     the run found nothing recoverable the caller may see."""
-    scope = scope_of(request)
     run = get_object_or_404(AuditRun, pk=pk)
-    within = None if scope.is_global else scope.audit_q()
-    if not run.recoverable_evidence(within).exists():
-        raise Http404("this audit found nothing recoverable in your scope")
-    ids = run.recoverable_ids(within)
-    if not ids:
+    try:
+        job, count = replay_recoverable(run, request.user, scope_of(request), via="console")
+    except NothingRecoverable as error:
+        raise Http404(str(error)) from None
+    except RecoverableGone:
         flash.error(request, "No recoverable message of this audit is in the store any more.")
         return redirect("audit", pk=run.pk)
-    try:
-        job = create_job(request.user, message_ids=ids, via="console", scope=scope)
     except ValidationError as error:
         flash.error(request, "Could not start the replay: " + "; ".join(error.messages))
         return redirect("audit", pk=run.pk)
     flash.success(
         request,
-        f"Job #{job.pk} queued: the {len(ids)} recoverable message(s) of audit {run.date} "
+        f"Job #{job.pk} queued: the {count} recoverable message(s) of audit {run.date} "
         f"r{run.revision}, {describe_target(job)}.",
     )
     return redirect("job", pk=job.pk)

@@ -37,7 +37,7 @@ from recovery.models.audit import (
     METRICS,
     RATIO_METRICS,
 )
-from recovery.replay.jobs import create_job
+from recovery.replay import jobs
 
 FINALITY = ("PROVISIONAL", "FINAL")
 AUDIT_OUTCOMES = ("running", "succeeded", "succeeded_with_warnings", "failed")
@@ -308,18 +308,17 @@ class AuditEvidenceList(generics.ListAPIView):
 def replay_recoverable(request, pk):
     scope = scope_of(request)
     run = get_object_or_404(AuditRun, pk=pk)
-    within = None if scope.is_global else scope.audit_q()
-    if not run.recoverable_evidence(within).exists():
-        raise NotFound("This audit found nothing recoverable in your scope.")
-    ids = run.recoverable_ids(within)
-    if not ids:
+    try:
+        job, _ = jobs.replay_recoverable(run, request.user, scope, via="api")
+    except jobs.NothingRecoverable:
+        raise NotFound("This audit found nothing recoverable in your scope.") from None
+    except jobs.RecoverableGone:
         return problem_response(
             422,
             "No recoverable message of this audit is in the store.",
             "nothing_recoverable",
             request,
         )
-    job = create_job(request.user, message_ids=ids, via="api", scope=scope)
     job = ReplayJob.objects.select_related("created_by").get(pk=job.pk)
     return Response(
         ReplayJobDetailSerializer(job, context={"scope": scope}).data,

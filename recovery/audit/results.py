@@ -105,9 +105,17 @@ def load_results(run, out_dir, conninfo=None):
         # Where the expectations came from (set before the job ran), then what it could not
         # decide; the observed expectations are kept with the settings the run used.
         run.warnings = [*run.warnings, *metric_warnings(run.totals)]
-        expectations = _read(out, "expectations")
+        everything = _read(out, "expectations")
+        # "differs: ...": a traced key whose bindings name other groups than the broker routed to
+        differs = [e for e in everything if e["source"].startswith("differs: ")]
+        expectations = [e for e in everything if e not in differs]
+        if differs:
+            run.warnings.append({"code": "trace_bindings_differ", "count": len(differs)})
         run.config = {
             **run.config,
+            "trace_bindings_differ": [{k: _json_safe(v) for k, v in e.items()} for e in differs][
+                :1000
+            ],
             "expected_by": dict(Counter(e["source"] for e in expectations)),
             "observed": [
                 {k: _json_safe(v) for k, v in e.items() if k != "source"}

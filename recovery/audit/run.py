@@ -30,6 +30,7 @@ from django.utils import timezone
 from recovery.audit.bindings import bindings_for_day
 from recovery.audit.export import export_store
 from recovery.audit.results import check_outputs, load_results
+from recovery.audit.trace import trace_input
 from recovery.errors import AuditError
 from recovery.models import AuditRun
 
@@ -60,6 +61,7 @@ def run_spark(
     now=None,
     master=None,
     spans=None,
+    trace_path=None,
 ):
     command = [
         spark_submit(),
@@ -95,6 +97,8 @@ def run_spark(
         command += ["--now", now.isoformat()]
     if spans:
         command += ["--spans", spans]
+    if trace_path:
+        command += ["--trace", trace_path]
     if settings.SPARK_EXECUTOR_MEMORY:
         command[1:1] = ["--executor-memory", settings.SPARK_EXECUTOR_MEMORY]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(REPO)}
@@ -191,9 +195,21 @@ def run_audit(
         store_rows = export_store(day, grace, store_path)
         if bindings is None:
             bindings, run.warnings = bindings_for_day(day, grace)
+        # The broker's trace, where a tap wrote any (recovery/audit/trace.py).
+        trace, trace_warnings = trace_input(day, grace)
+        trace_path = None
+        if trace:
+            trace_path = workdir / "trace.json"
+            trace_path.write_text(json.dumps(trace))
+            run.warnings = [*run.warnings, *trace_warnings]
         bindings_path = workdir / "bindings.json"
         bindings_path.write_text(json.dumps(bindings))
-        run.config = {**run.config, "bindings": bindings, "store_rows": store_rows}
+        run.config = {
+            **run.config,
+            "bindings": bindings,
+            "store_rows": store_rows,
+            "trace": trace and {"path": trace["path"], "gaps": trace["gaps"][:1000]},
+        }
         run.save(update_fields=["config", "warnings"])
         out_dir = workdir / "out"
         run_spark(
@@ -208,6 +224,7 @@ def run_audit(
             now=now,
             master=master,
             spans=spans,
+            trace_path=trace_path and str(trace_path),
         )
         check_outputs(out_dir)
         load_results(run, out_dir)

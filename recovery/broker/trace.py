@@ -172,8 +172,16 @@ def _text(value):
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def trace_record(routing_key, headers, body_size, received_ms, stream_offset=None, digest=None):
-    """One firehose message as a record of ``TRACE_SCHEMA`` (pure)."""
+def body_sha(body):
+    """A message's identity where it has no ``message_id`` (spark/trace_facts.py): its
+    publish and its deliveries carry the same body."""
+    return hashlib.sha256(body or b"").hexdigest()[:32]
+
+
+def trace_record(
+    routing_key, headers, body_size, received_ms, stream_offset=None, digest=None, sha=None
+):
+    """One firehose message as a record of ``TRACE_SCHEMA`` (pure); ``sha``: ``body_sha``."""
     headers = headers or {}
     kind, _, name = routing_key.partition(".")
     properties = headers.get("properties") or {}
@@ -201,6 +209,7 @@ def trace_record(routing_key, headers, body_size, received_ms, stream_offset=Non
         "user": _text(headers.get("user")),
         "body_size": int(body_size),
         "stream_offset": stream_offset,
+        "body_sha": sha,
     }
 
 
@@ -234,6 +243,7 @@ def _schemas():
             ("user", pa.string()),
             ("body_size", pa.int64()),
             ("stream_offset", pa.int64()),
+            ("body_sha", pa.string()),
         ]
     )
     coverage = pa.schema(

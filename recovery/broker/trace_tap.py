@@ -98,7 +98,13 @@ class Tap:
                 self.first_offset = offset
         self.buffer.append(
             trace.trace_record(
-                method.routing_key, headers, len(body), trace.now_ms(), offset, digest
+                method.routing_key,
+                headers,
+                len(body),
+                trace.now_ms(),
+                offset,
+                digest,
+                trace.body_sha(body),
             )
         )
         self.last_tag = method.delivery_tag

@@ -228,7 +228,8 @@ class AuditInputGap(models.Model):
 
     run = models.ForeignKey(AuditRun, on_delete=models.CASCADE, related_name="input_gaps")
     hour = models.DateTimeField()
-    side = models.CharField(max_length=16)  # producer | consumer
+    # producer | consumer | trace (a trace_gap of the broker's trace: recovery/audit/trace.py)
+    side = models.CharField(max_length=16)
     process = models.CharField(max_length=255)
     consumer_group = models.CharField(max_length=255, blank=True, default="")
 

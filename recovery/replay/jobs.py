@@ -225,6 +225,28 @@ def describe_target(job):
     return f"{where}, after {job.delay_seconds}s" if job.delay_seconds else where
 
 
+class NothingRecoverable(LookupError):
+    """The audit run found nothing recoverable the caller may see (a 404)."""
+
+
+class RecoverableGone(StateError):
+    """Everything the run found recoverable has left the store (retention removed it)."""
+
+
+def replay_recoverable(run, user, scope, via):
+    """One bulk replay job (the job defaults: canary, breaker, each message's own target) of an
+    audit run's recoverable messages still in the store (``AuditRun.recoverable_ids``); a team
+    member's covers their team's windows only. Returns (job, how many); raises
+    ``NothingRecoverable``, ``RecoverableGone``, or ``create_job``'s ValidationError."""
+    within = None if scope.is_global else scope.audit_q()
+    if not run.recoverable_evidence(within).exists():
+        raise NothingRecoverable("this audit found nothing recoverable in your scope")
+    ids = run.recoverable_ids(within)
+    if not ids:
+        raise RecoverableGone("no recoverable message of this audit is in the store any more")
+    return create_job(user, message_ids=ids, via=via, scope=scope), len(ids)
+
+
 def resume_job(job, user, via="console", team=None):
     """Resume a paused job (ReplayJob.resume), unless its creator lost the right to send it:
     the runner would stop it at once (recovery.replay.authority), so say why now (StateError:

@@ -33,3 +33,13 @@ def traced(wired, trace_dir):
     connection = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
     connection.channel().queue_delete(queue)
     connection.close()
+
+
+@pytest.fixture
+def tap(traced):
+    """The tap of the traced test vhost, running (flushing every 0.3 s) until teardown."""
+    from recovery.broker.trace_tap import start_taps, stop_taps
+
+    stop_event, threads = start_taps([traced], flush_seconds=0.3)
+    yield threads[0].tap
+    stop_taps(stop_event, threads)

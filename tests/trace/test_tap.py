@@ -33,13 +33,6 @@ def records_of(message_id, kind=None):
     return [r for r in trace.read_records(kind=kind) if r["message_id"] == message_id]
 
 
-@pytest.fixture
-def tap(traced):
-    stop_event, threads = start_taps([traced], flush_seconds=0.3)
-    yield threads[0].tap
-    stop_taps(stop_event, threads)
-
-
 def test_wire_trace_on_sets_tracing_and_declares_the_queue(traced):
     management = Management()
     assert trace.tracing_on(traced, management)
