@@ -75,8 +75,11 @@ stop)
 status)
   ctl 1 cluster_status
   ;;
-kill) # the node's Erlang VM, as a crash or an OOM kill would
-  kill -9 "$(cat "$BASE/c$2/pid")"
+kill) # the node's Erlang VM, as a crash or an OOM kill would; returns once it is gone (a
+  # start-node right after must not find it still there and only start_app it)
+  pid=$(cat "$BASE/c$2/pid")
+  kill -9 "$pid"
+  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   ;;
 stop-node) # the RabbitMQ application stops cleanly; the VM stays up
   ctl "$2" stop_app

@@ -38,6 +38,13 @@ class Management:
             raise ManagementError(f"{method} {path}: management API unreachable ({exc})") from exc
         return json.loads(body) if body else None
 
+    def at(self, scheme, host, port):
+        """The same credentials and timeout against another node's management API."""
+        other = Management.__new__(Management)
+        other.base = f"{scheme}://{host}:{port}/api"
+        other.auth, other.timeout = self.auth, self.timeout
+        return other
+
     @staticmethod
     def quote(name):
         return urllib.parse.quote(name, safe="")

@@ -15,7 +15,8 @@ records' stable ``key`` lets a reader drop. On a stream the consumer resumes at 
 offset + 1 (``x-stream-offset``; prefetch ``basic.qos`` and manual acks, as streams require);
 on a quorum queue unacked messages come back by themselves.
 
-Each flush also polls the nodes' uptime: a node whose start moved is a ``node_restart``
+Each flush also polls the nodes (at most every ``NODE_POLL_SECONDS``): a node whose OS process
+changed is a ``node_restart``
 coverage record (tracing is node state a restart loses; the tap turns it on again when the
 vhost had it on at the previous poll).
 """
@@ -36,6 +37,9 @@ from recovery.broker.management import Management
 
 log = logging.getLogger(__name__)
 
+# How often a tap asks the management API which nodes run (and whether they trace the vhost).
+NODE_POLL_SECONDS = 2.0
+
 
 class Tap:
     def __init__(self, vhost, base=None, flush_seconds=None, batch=None, management=None):
@@ -53,7 +57,8 @@ class Tap:
         self.state = trace.tap_state(vhost, self.base) or {}
         self.span_from = trace.now_ms()
         self.first_offset = None
-        self.node_starts = {}
+        self.node_pids = {}
+        self.polled_at = None
         self.tracing_seen = None
         self.resume_checked = False
         self.records = 0
@@ -178,29 +183,38 @@ class Tap:
         trace.write_table(directory / name, [row], self.coverage_schema)
 
     def poll_nodes(self):
-        """A node whose start time moved later restarted: a gap from the last poll that saw it
-        to now, and tracing (node state) back on if the vhost had it on."""
+        """A node whose OS process changed, or that a poll saw down (``rabbitmqctl stop_app``
+        keeps the process), restarted: a gap from the last poll that saw it up to now, and
+        tracing (node state) back on, on every node, if the vhost had it on. (Not its uptime:
+        the management API samples it every few seconds, so "now - uptime" jitters by as much
+        and a restart cannot be told from a stale sample.)"""
+        if self.polled_at is not None and time.monotonic() - self.polled_at < NODE_POLL_SECONDS:
+            return
+        self.polled_at = time.monotonic()
         now = trace.now_ms()
         try:
-            nodes = self.management.request("GET", "/nodes?columns=name,uptime,running") or []
-            tracing = trace.tracing_on(self.vhost, self.management)
+            nodes = self.management.request("GET", "/nodes?columns=name,os_pid,running") or []
+            # on anywhere: the vhost is traced (a node down or just restarted says off/unknown)
+            tracing = any(trace.tracing_by_node(self.vhost, self.management).values())
         except Exception as exc:  # noqa: BLE001 - the next poll tries again
             log.warning("trace tap: cannot poll the nodes: %s", exc)
             return
         restarted = False
         for node in nodes:
-            if node.get("uptime") is None:
+            name, pid = node["name"], node.get("os_pid")
+            previous = self.node_pids.get(name)
+            if not node.get("running") or pid is None:
+                if previous is not None:  # down: the gap runs from the last poll that saw it up
+                    self.node_pids[name] = (previous[0], previous[1], True)
                 continue
-            started = now - int(node["uptime"])
-            previous = self.node_starts.get(node["name"])
-            # 2 s of slack: uptime and our clock are read at slightly different moments.
-            if previous is not None and started > previous[0] + 2000:
+            if previous is not None and (previous[0] != pid or previous[2]):
                 restarted = True
-                self.write_coverage(
-                    "node_restart", previous[1], now, None, None, 0, node=node["name"]
-                )
-            self.node_starts[node["name"]] = (started, now)
-        if restarted and self.tracing_seen and not tracing:
+                self.write_coverage("node_restart", previous[1], now, None, None, 0, node=name)
+            self.node_pids[name] = (pid, now, False)
+        # Tracing is node state: the restarted node lost it, while the vhost the management
+        # API shows (from the node that answered) may still say on. Turned on again on every
+        # node whenever the vhost had it on.
+        if restarted and (self.tracing_seen or tracing):
             log.warning("trace tap: a node restarted; tracing %s on again", self.vhost)
             trace.set_tracing(self.vhost, True, self.management)
             tracing = True

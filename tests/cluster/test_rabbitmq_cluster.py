@@ -183,3 +183,75 @@ def test_a_reliable_publisher_loses_nothing_when_its_node_is_killed(on_cluster, 
     missing = set(ids) - set(delivered) - set(given_up)
     assert not missing, f"{len(missing)} lost, e.g. {sorted(missing)[:3]}"
     assert set(delivered) | set(given_up) <= set(ids)
+
+
+def test_the_firehose_of_every_node_is_collected_and_a_restart_is_a_trace_gap(
+    on_cluster, tmp_path, settings
+):
+    """#48: tracing on for / through the management API, the tap consuming through node 1: a
+    publish through each node and a delivery through node 3 are each a record naming its node;
+    node 2 killed (-9) and started again is a ``node_restart`` trace_gap, and after it the tap
+    has tracing on again there (node state a new VM does not have): its next publish is traced
+    too."""
+    from recovery.broker import trace
+    from recovery.broker.trace_tap import start_taps, stop_taps
+
+    cluster = on_cluster
+    settings.AUDIT_TRACE = str(tmp_path / "trace")
+    settings.TRACE_FLUSH_SECONDS = 0.3
+    management = cluster.management()
+    trace.wire_trace("/", True, management)
+    declare_on(cluster, 2, "cluster.orders")
+    stop_event, threads = start_taps(["/"], flush_seconds=0.3)
+
+    def nodes_of(kind, prefix):
+        return {
+            r["node"]
+            for r in trace.read_records(kind=kind)
+            if (r["message_id"] or "").startswith(prefix)
+        }
+
+    names = sorted(n["name"] for n in management.request("GET", "/nodes?columns=name"))
+    assert [n.split("@")[0] for n in names] == ["lazarus-c1", "lazarus-c2", "lazarus-c3"]
+    try:
+        for node in (1, 2, 3):
+            channel = cluster.channel(node)
+            channel.basic_publish(
+                "", "cluster.orders", b"x", pika.BasicProperties(message_id=f"t-{node}")
+            )
+            channel.connection.close()
+        consume_all(cluster, "cluster.orders", node=3)
+        every = set(names)
+        wait_for(
+            lambda: nodes_of("publish", "t-") == every, timeout=30, message="3 nodes' publishes"
+        )
+        wait_for(lambda: nodes_of("deliver", "t-") == {names[2]}, timeout=30)
+
+        cluster.kill(2)
+        cluster.heal()
+        wait_for(
+            lambda: any(r["kind"] == "node_restart" for r in trace.read_coverage()),
+            timeout=60,
+            message="the tap to see node 2 restart",
+        )
+        [restart] = [r for r in trace.read_coverage() if r["kind"] == "node_restart"]
+        assert restart["node"] == names[1]
+        gaps = trace.coverage_gaps("/", restart["from_ms"] - 1, trace.now_ms())
+        assert [g["node"] for g in gaps if g["kind"] == "node_restart"] == [restart["node"]]
+
+        def publish_through_2():
+            channel = cluster.channel(2)
+            channel.basic_publish(
+                "", "cluster.orders", b"y", pika.BasicProperties(message_id="after-2")
+            )
+            channel.connection.close()
+            return nodes_of("publish", "after-2")
+
+        # Tracing back on node 2 (the tap turned it on again): its publish is a record.
+        wait_for(lambda: publish_through_2() == {names[1]}, timeout=30)
+    finally:
+        stop_taps(stop_event, threads)
+        trace.set_tracing("/", False, management)
+        channel = cluster.channel(1)
+        channel.queue_delete(settings.RECOVERY_TRACE_QUEUE)
+        channel.connection.close()
