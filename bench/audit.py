@@ -116,6 +116,24 @@ def generate(directory: str, n: int) -> dict:
 SHUFFLE_PARTITIONS = 8  # console/settings.py SPARK_SHUFFLE_PARTITIONS, as recovery/audit.py passes
 
 
+def bench_session():
+    """The local Spark every audit benchmark runs in: all cores, 4 GB, the product's shuffle
+    partitions, no UI, errors only."""
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master("local[*]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", "4g")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.shuffle.partitions", str(SHUFFLE_PARTITIONS))
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
 def jobs_since(spark, group: str) -> int:
     return len(spark.sparkContext.statusTracker().getJobIdsForGroup(group))
 
@@ -226,18 +244,7 @@ def main() -> None:
     generate(f"{root}/{small_n}", small_n)
     print(f"generated {n:,} (+{small_n:,}) publishes in {time.perf_counter() - t:.1f} s")
 
-    from pyspark.sql import SparkSession
-
-    spark = (
-        SparkSession.builder.master("local[*]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.memory", "4g")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.shuffle.partitions", str(SHUFFLE_PARTITIONS))
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = bench_session()
     bare_query(spark, f"{root}/{small_n}")  # warm the JVM for every contender
     for day in days:
         full_audit(spark, f"{root}/{small_n}", day)

@@ -32,8 +32,8 @@ from bench.audit import (  # noqa: E402
     BINDINGS,
     DAY,
     HOUR_MS,
-    SHUFFLE_PARTITIONS,
     T0,
+    bench_session,
     figures,
     jvm_cpu_seconds,
     median,
@@ -182,18 +182,7 @@ def main():
     generate(f"{args.dir}/{small}", small)
     print(f"generated {args.n:,} publishes as spans in {time.perf_counter() - t:.1f} s: {truth}")
 
-    from pyspark.sql import SparkSession
-
-    spark = (
-        SparkSession.builder.master("local[*]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.memory", "4g")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.shuffle.partitions", str(SHUFFLE_PARTITIONS))
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = bench_session()
     bare_query(spark, f"{args.dir}/{small}")  # warm the JVM for both
     full_audit(spark, f"{args.dir}/{small}")
     base_s, audit_s, ratios, base_cpu, audit_cpu = [], [], [], [], []

@@ -54,11 +54,7 @@ def main():
             for round_number in range(1, args.rounds + 1):
 
                 def pass_with(on):
-                    set_tracing(vhost, on)
-                    sent, q = broker_baseline.async_confirm(args.n)
-                    got, _ = broker_baseline.consume(q, args.n)
-                    set_tracing(vhost, False)
-                    return sent, got
+                    return traced_pass(broker_baseline, set_tracing, vhost, args.n, on)
 
                 rates = {}
                 for on in (False, True) if round_number % 2 else (True, False):
@@ -96,6 +92,15 @@ def main():
                 f"{name}: median {statistics.median(ratios):.2f}, best {max(ratios):.2f} "
                 f"of {len(ratios)} rounds"
             )
+
+
+def traced_pass(broker_baseline, set_tracing, vhost, n, on):
+    """(publish msg/s, consume msg/s) of ``n`` messages with tracing ``on`` (off after)."""
+    set_tracing(vhost, on)
+    sent, queue = broker_baseline.async_confirm(n)
+    got, _ = broker_baseline.consume(queue, n)
+    set_tracing(vhost, False)
+    return sent, got
 
 
 def drain_with_tap(tap_class, vhost, base, expected):

@@ -110,6 +110,13 @@ def node_managements(management=None):
     return nodes
 
 
+def cluster_nodes(management=None):
+    """(every node's name, ``node_managements``)."""
+    management = management or Management()
+    names = [n["name"] for n in management.request("GET", "/nodes?columns=name") or []]
+    return names, node_managements(management)
+
+
 def set_tracing(vhost, on, management=None):
     """Tracing on/off for ``vhost`` on every node (each node's management API); returns
     ``tracing_on`` read back."""
@@ -126,12 +133,12 @@ def set_tracing(vhost, on, management=None):
     return tracing_on(vhost, management)
 
 
-def tracing_by_node(vhost, management=None):
+def tracing_by_node(vhost, management=None, nodes=None):
     """{node: True | False | None (its API did not answer, or it lists none yet)} for
-    ``vhost``, every node of the cluster."""
+    ``vhost``, every node of the cluster. ``nodes``: ``cluster_nodes``' answer, for a caller
+    asking of several vhosts."""
     management = management or Management()
-    names = [n["name"] for n in management.request("GET", "/nodes?columns=name") or []]
-    apis = node_managements(management)
+    names, apis = nodes or cluster_nodes(management)
     out = {name: None for name in names if name not in apis}
     for node, node_api in apis.items():
         try:
@@ -176,8 +183,8 @@ def trace_status(vhosts=None, management=None):
     management = management or Management()
     rows = []
     try:
-        nodes = [n.get("name") for n in (management.request("GET", "/nodes?columns=name") or [])]
-        unreachable = ""
+        cluster = cluster_nodes(management)
+        nodes, unreachable = cluster[0], ""
     except Exception as exc:  # noqa: BLE001 - every row says unknown, never "off"
         nodes, unreachable = [], str(exc)[:200] or type(exc).__name__
     for vhost in vhosts or settings.RECOVERY_VHOSTS:
@@ -188,7 +195,7 @@ def trace_status(vhosts=None, management=None):
             rows.append(row)
             continue
         try:
-            row["by_node"] = tracing_by_node(vhost, management)
+            row["by_node"] = tracing_by_node(vhost, management, cluster)
             said = set(row["by_node"].values())
             # on or off only when every node says the same; else None (the page lists them)
             row["tracing"] = said.pop() if len(said) == 1 and None not in said else None
