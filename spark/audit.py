@@ -89,7 +89,8 @@ def run_audit(
     (``read_span_facts``); None or no file of the day: the logs alone, as before.
     ``trace``: the broker's firehose records (``spark/trace_facts.py``), a dict of ``path``
     (``AUDIT_TRACE``), ``gaps`` (the tap's trace_gaps over the days read, as
-    ``recovery.broker.trace.coverage_gaps`` gives them) and ``ignored_queues`` (Lazarus's own).
+    ``recovery.broker.trace.coverage_gaps`` gives them), ``queued`` (gaps of the queues holding
+    messages when the audit ran: those of traced groups count) and ``ignored_queues``.
 
     Reads producer logs from (day - max(1h, grace)) to (day end + grace) and consumer logs from the
     day start to (day end + grace). Returns the DataFrames named in ``OUTPUTS``; the shared
@@ -133,7 +134,9 @@ def run_audit(
         sla_ms,
         now_ms,
         traced=traced,
-        trace_gaps=trace.get("gaps") or [] if trace_files else [],
+        trace_gaps=[*(trace.get("gaps") or []), *(trace.get("queued") or [])]
+        if trace_files
+        else [],
     )
     outputs["manifest"] = manifest_frame(
         spark, producer_files, consumer_files, span_files, trace_files

@@ -208,7 +208,12 @@ def run_audit(
             **run.config,
             "bindings": bindings,
             "store_rows": store_rows,
-            "trace": trace and {"path": trace["path"], "gaps": trace["gaps"][:1000]},
+            "trace": trace
+            and {
+                "path": trace["path"],
+                "gaps": trace["gaps"][:1000],
+                "queued": trace["queued"][:1000],
+            },
         }
         run.save(update_fields=["config", "warnings"])
         out_dir = workdir / "out"

@@ -10,9 +10,10 @@ message since, and before it no record exists to be incomplete.
 
 A message routed to a queue and never delivered is lost only if it is no longer in the queue.
 The firehose cannot say which messages a queue still holds, so a queue of a traced vhost that
-holds any message when the audit runs is a ``queued`` gap of its group over the whole span the
-audit reads: its undelivered messages are ``unverified`` (some of them may still be there),
-never lost. Where the management API cannot say, every traced group is (``queues_unknown``).
+holds any message when the audit runs is, where the audit finds its group traced, a ``queued``
+gap of that group over the whole span the audit reads: its undelivered messages are
+``unverified`` (some of them may still be there), never lost (``queued``, beside ``gaps``).
+Where the management API cannot say, every traced group is (``queues_unknown``).
 """
 
 import datetime
@@ -103,7 +104,11 @@ def trace_input(day, grace, base=None):
                 {**gap, "vhost": vhost}
                 for gap in trace.coverage_gaps(vhost, max(from_ms, first), until_ms, root, slack_ms)
             ]
-    gaps += queued_gaps(sorted({row["vhost"] for row in coverage}), from_ms, until_ms)
+    # Which of these queues the trace routed to is the audit's to know: it keeps those of its
+    # traced groups (spark/log_facts.py trace_gap_rows); only they are gaps and warnings.
+    queued = queued_gaps(sorted({row["vhost"] for row in coverage}), from_ms, until_ms)
+    gaps += [g for g in queued if g["kind"] == "queues_unknown"]
+    queued = [g for g in queued if g["kind"] == "queued"]
     if not coverage:  # records and no coverage at all: nothing says they are complete
         gaps.append(
             {
@@ -115,4 +120,5 @@ def trace_input(day, grace, base=None):
             }
         )
     warnings = [{"code": "trace_gap", "count": len(gaps)}] if gaps else []
-    return {"path": str(root), "gaps": gaps, "ignored_queues": own_queues()}, warnings
+    trace_dict = {"path": str(root), "gaps": gaps, "queued": queued, "ignored_queues": own_queues()}
+    return trace_dict, warnings

@@ -189,11 +189,11 @@ def test_the_broker_names_what_it_lost_with_no_log_and_no_span(tap, collector, t
     assert totals["lost"] == 12 and totals["recoverable"] == 3 and totals["unverified"] == 1
     assert totals["delivered_unique"] == 10
     assert run.config["expected_by"] == {"traced": 9}
-    # The one gap: w.backlog held a message when the audit ran (the tap ran throughout).
-    assert [(g["kind"], g.get("queue")) for g in run.config["trace"]["gaps"]] == [
-        ("queued", "w.backlog")
-    ]
-    assert {"code": "trace_gap", "count": 1} in run.warnings
+    # The tap ran throughout: no trace_gap. w.backlog held a message when the audit ran (as
+    # may other tests' queues of this vhost, which nothing here routed to: no gap of theirs).
+    assert run.config["trace"]["gaps"] == []
+    assert not [w for w in run.warnings if w["code"] == "trace_gap"], run.warnings
+    assert "w.backlog" in {g["queue"] for g in run.config["trace"]["queued"]}
     assert set(run.input_gaps.values_list("consumer_group", flat=True)) == {"w.backlog"}
 
 
