@@ -171,3 +171,30 @@ def test_the_strongest_source_wins_each_fact(spark):
         ("span-only", "span"),
         ("traced", "trace"),  # the broker took it: stronger than a span's "sent"
     ]
+
+
+def test_a_consumers_ack_beats_the_brokers_delivery(spark):
+    def fact(message_id, group, source, outcome):
+        return (1, at(11), group, "c", None, message_id, False, outcome, None, 0, False, source)
+
+    schema = (
+        "v long, ts long, consumer_group string, consumer string, queue string, "
+        "message_id string, redelivered boolean, outcome string, handle_ms long, "
+        "file_hour_ms long, malformed boolean, source string"
+    )
+    log = spark.createDataFrame([fact("m", "billing", "log", "ack")], schema)
+    span = spark.createDataFrame([fact("m", "audit", "span", "reject")], schema)
+    traced = spark.createDataFrame(
+        [
+            fact("m", "billing", "trace", "delivered"),  # the log's ack says more
+            fact("m", "audit", "trace", "delivered"),  # the span's settle says more
+            fact("m", "refunds", "trace", "delivered"),  # only the broker saw this one
+        ],
+        schema,
+    )
+    merged = spans.strongest_first([log, span, traced], ("message_id", "consumer_group"))
+    assert sorted((r.consumer_group, r.source, r.outcome) for r in merged.collect()) == [
+        ("audit", "span", "reject"),
+        ("billing", "log", "ack"),
+        ("refunds", "trace", "delivered"),
+    ]
