@@ -315,6 +315,9 @@ def _reads(client, method, path, data=None):
     return response.status_code != 405, set(READS)
 
 
+# Slow: a walk of every route with every hostile value (36 s here), in make test; the quick
+# loop keeps the per-page and per-field cases above.
+@pytest.mark.slow
 def test_it_walks_every_console_route_with_hostile_values(walk):
     client = Client()
     names = {}

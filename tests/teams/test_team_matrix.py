@@ -227,6 +227,9 @@ def _check_get(response, who, url):
 SEARCHES = {"exchange": A_EXCHANGE, "q": "SECRET-PAN", "group": A_GROUP}
 
 
+# Slow: every console route and API operation with each of B's credentials (about a minute
+# here), in make test; the quick loop keeps the teams package's per-feature scope tests.
+@pytest.mark.slow
 def test_team_b_sees_and_changes_nothing_of_team_a(teams, settings):
     settings.CELERY_TASK_ALWAYS_EAGER = False
     before = _snapshot()
