@@ -196,7 +196,9 @@ def with_other_sources(spark, raw, files, span_input, trace_input):
             spark, trace_files, trace, bindings
         )
         producers.append(trace_producers)
-        traced = trace_facts.traced_expectations(trace_facts.route_runs(routes))
+        # each traced group's queue: the one the bindings name for it, else its own name
+        queue_of = {b["consumer_group"]: b["queue"] for b in bindings if b.get("queue")}
+        traced = trace_facts.traced_expectations(trace_facts.route_runs(routes), queue_of)
     if span_frames:
         producers.append(span_frames[0])
         consumers.append(span_frames[1])
