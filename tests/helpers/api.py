@@ -12,19 +12,27 @@ from tests import helpers
 
 class ApiClient:
     """The API tests' one client: Django's test client speaking JSON with ``Authorization: Token
-    …`` of a fresh token of ``user`` (or nothing). The fixtures: ``api_as(user)``, a client per
+    …`` of a fresh token of ``user`` (of ``team``: a team token), of a given raw token, or
+    nothing. The fixtures: ``api_as(user)``, a client per
     user; ``api``, anonymous until ``api.as_user(user)`` (tests/conftest.py)."""
 
-    def __init__(self, client, user=None):
+    def __init__(self, client, user=None, team=None):
         self.client = client
         self.user = self.token = self.raw_token = None
         if user is not None:
-            self.as_user(user)
+            self.as_user(user, team)
 
-    def as_user(self, user):
-        """From now on, a fresh token of ``user``; returns this client."""
+    def as_user(self, user, team=None):
+        """From now on, a fresh token of ``user`` (a team token of ``team``: the user acts as
+        a member of that team only); returns this client."""
         self.user = user
-        self.token, self.raw_token = ApiToken.issue(user)
+        self.token, self.raw_token = ApiToken.issue(user, team=team)
+        return self
+
+    def with_token(self, raw):
+        """From now on, the raw token ``raw`` (one a test issued or spoilt itself)."""
+        self.user = self.token = None
+        self.raw_token = raw
         return self
 
     def headers(self, extra=None):

@@ -8,6 +8,7 @@ from console.forms.replay import JobForm
 from recovery.replay.jobs import dry_run
 from recovery.replay.options import MAX_MESSAGE_IDS, QUEUE_OR_EXCHANGE
 from tests.helpers import make_user, token_for
+from tests.helpers.api import ApiClient
 
 pytestmark = pytest.mark.django_db
 
@@ -18,11 +19,10 @@ FORM_NAMES = {"message_ids": "ids"}
 
 def api_answer(client, token, arguments):
     """{field: messages} the API refuses ``arguments`` with ({} = accepted)."""
-    response = client.post(
-        "/api/v1/replay-jobs/dry-run",
-        {"group_key": "options.g", **arguments},
-        content_type="application/json",
-        HTTP_AUTHORIZATION=f"Token {token}",
+    response = (
+        ApiClient(client)
+        .with_token(token)
+        .post("/api/v1/replay-jobs/dry-run", {"group_key": "options.g", **arguments})
     )
     assert response.status_code in (200, 400), response.content
     errors = response.json().get("errors", {}) if response.status_code == 400 else {}

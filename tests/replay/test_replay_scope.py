@@ -29,6 +29,7 @@ from recovery.replay.authority import LEFT_SCOPE, NOT_READABLE
 from recovery.replay.jobs import create_job, resume_job
 from recovery.replay.targets import NEEDS_FULL_READ
 from tests.helpers import declare_app_queue, make_message, make_user, wait_for
+from tests.helpers.api import ApiClient
 from tests.helpers.replay import consume_until_idle, dead_letters, queue_depth, run, run_in_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -52,9 +53,7 @@ def teams(wired, amqp):
 
 
 def post(token, path, data):
-    return Client().post(
-        path, data, content_type="application/json", HTTP_AUTHORIZATION=f"Token {token}"
-    )
+    return ApiClient(Client()).with_token(token).post(path, data)
 
 
 def replay(token, message, **target):
@@ -343,8 +342,7 @@ def test_it_shows_a_team_only_the_died_again_copies_in_its_scope(teams):
     theirs = make_message(
         vhost=messages[1].vhost, source_queue=B_QUEUE, origin=messages[1], replay_count=1
     )
-    token = ApiToken.issue(operator, team=a)[1]
-    detail = Client().get(f"/api/v1/replay-jobs/{job.pk}", HTTP_AUTHORIZATION=f"Token {token}")
+    detail = ApiClient(Client(), operator, team=a).get(f"/api/v1/replay-jobs/{job.pk}")
     assert detail.json()["died_again"] == {"count": 1, "copies": [mine.pk]}
     client = Client()
     client.force_login(operator)
@@ -352,7 +350,5 @@ def test_it_shows_a_team_only_the_died_again_copies_in_its_scope(teams):
     assert f">#{mine.pk}</a>" in page and f">#{theirs.pk}</a>" not in page
     # A global caller sees both.
     admin = make_user("copies-admin", "admin")
-    detail = Client().get(
-        f"/api/v1/replay-jobs/{job.pk}", HTTP_AUTHORIZATION=f"Token {ApiToken.issue(admin)[1]}"
-    )
+    detail = ApiClient(Client(), admin).get(f"/api/v1/replay-jobs/{job.pk}")
     assert detail.json()["died_again"] == {"count": 2, "copies": [theirs.pk, mine.pk]}

@@ -10,13 +10,13 @@ from django.test import Client
 
 from recovery.models import (
     Activity,
-    ApiToken,
     GroupMapping,
     Membership,
     MembershipRemoval,
     SsoIdentity,
     Team,
 )
+from tests.helpers.api import ApiClient
 from tests.sso.fixtures import provider_sign_in
 
 pytestmark = pytest.mark.django_db
@@ -49,13 +49,9 @@ def test_it_keeps_the_privileges_an_admin_set_when_the_provider_changes_the_role
     # What sign-in creates has the least privileges: metadata only, no unmask, no export.
     assert _privileges(alice, payments) == ("operator", False, False, False)
 
-    _token, raw = ApiToken.issue(admin_user, name="admin")
     membership = Membership.objects.get(user=alice, team=payments)
-    changed = Client().patch(
-        f"/api/v1/team-memberships/{membership.pk}",
-        {"bodies": True, "export": True},
-        content_type="application/json",
-        HTTP_AUTHORIZATION=f"Token {raw}",
+    changed = ApiClient(Client(), admin_user).request(
+        "PATCH", f"/api/v1/team-memberships/{membership.pk}", {"bodies": True, "export": True}
     )
     assert changed.status_code == 200, changed.content
 

@@ -19,6 +19,7 @@ from recovery.models import (
     TeamScope,
 )
 from tests.helpers import make_message, make_user
+from tests.helpers.api import ApiClient
 
 pytestmark = pytest.mark.django_db
 
@@ -137,14 +138,9 @@ def test_a_teams_alert_rule_watches_its_scope_and_notifies_its_channels(client, 
 
 def test_the_activity_log_says_which_team_a_token_acted_as(client, stores):
     Membership.objects.filter(user=stores["payer"]).update(role="operator")
-    raw = ApiToken.issue(stores["payer"], team=stores["team"])[1]
     message = stores["mine"][0]
-    discarded = client.post(
-        f"/api/v1/messages/{message.pk}/discard",
-        {},
-        "application/json",
-        HTTP_AUTHORIZATION=f"Token {raw}",
-    )
+    team_api = ApiClient(client, stores["payer"], team=stores["team"])
+    discarded = team_api.post(f"/api/v1/messages/{message.pk}/discard")
     assert discarded.status_code == 200
     entry = Activity.objects.get(action="discard", message=message)
     assert entry.acting_team == stores["team"] and entry.via == "api"
@@ -216,8 +212,8 @@ def test_a_member_sees_the_audit_of_their_exchanges_and_groups_only(client, stor
             status="FINAL",
             metrics={"lost": lost, "unclaimed": 2 if exchange == "pay" else 0},
         )
-    raw = ApiToken.issue(stores["payer"], team=stores["team"])[1]
-    seen = client.get(f"/api/v1/audits/{run.pk}", HTTP_AUTHORIZATION=f"Token {raw}").json()
+    team_api = ApiClient(client, stores["payer"], team=stores["team"])
+    seen = team_api.get(f"/api/v1/audits/{run.pk}").json()
     assert {(w["exchange"], w["consumer_group"]) for w in seen["windows"]} == {
         ("pay", "ledger"),
         ("hr", "pay.audit"),
