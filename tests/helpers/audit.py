@@ -75,3 +75,18 @@ def make_run():
             metrics={"lost": lost, "dup_msgs": 1, "latency_p95_ms": p95},
         )
     return run
+
+
+def next_morning(day):
+    """03:00 UTC the day after ``day``: every window of it FINAL (an audit's ``now``)."""
+    return datetime.datetime.combine(day, datetime.time(), datetime.UTC) + datetime.timedelta(
+        days=1, hours=3
+    )
+
+
+def evidence_ids(run):
+    """{kind: {message_id}} of an AuditRun's evidence rows."""
+    by_kind = {}
+    for row in run.evidence.all():
+        by_kind.setdefault(row.kind, set()).add(row.message_id)
+    return by_kind

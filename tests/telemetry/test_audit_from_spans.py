@@ -13,8 +13,6 @@ broker confirmed a publish, they are ``lost_confirmation_unknown``, never a plai
 Messages published with the consumers up are delivered and fine.
 """
 
-import datetime
-
 import pika
 import pytest
 from django.conf import settings
@@ -24,6 +22,7 @@ from recovery.access.models import ApiToken
 from recovery.audit.run import run_audit
 from recovery.models import Message
 from tests.helpers import make_user, wait_for
+from tests.helpers.audit import evidence_ids, next_morning
 from tests.telemetry.services import harness
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
@@ -126,14 +125,11 @@ def test_a_day_of_spans_names_the_recoverable_and_the_truly_lost(live_server, co
         producer_logs=str(tmp_path / "no-producer-logs"),
         consumer_logs=str(tmp_path / "no-consumer-logs"),
         bindings=bindings,
-        now=datetime.datetime.combine(today, datetime.time(), datetime.UTC)
-        + datetime.timedelta(days=1, hours=3),
+        now=next_morning(today),
         master="local[1]",
     )
     assert run.status == "succeeded", run.error
-    evidence = {}
-    for row in run.evidence.all():
-        evidence.setdefault(row.kind, set()).add(row.message_id)
+    evidence = evidence_ids(run)
     stored = dict(
         Message.objects.filter(message_id__startswith="p-").values_list("message_id", "pk")
     )

@@ -21,8 +21,6 @@ One topic exchange ``witness`` (no alternate exchange), a queue per fate:
   takes them all, and 2 into ``w.ttl``: those are lost.
 """
 
-import datetime
-
 import pika
 import pytest
 from django.conf import settings
@@ -32,6 +30,7 @@ from recovery.audit.run import run_audit
 from recovery.broker import trace
 from recovery.models import Message
 from tests.helpers import wait_for
+from tests.helpers.audit import evidence_ids, next_morning
 from tests.telemetry.services import harness
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
@@ -80,15 +79,11 @@ def audit(today):
         producer_logs="/nonexistent/producer-logs",
         consumer_logs="/nonexistent/consumer-logs",
         bindings=[],  # no binding history: the broker names the queues
-        now=datetime.datetime.combine(today, datetime.time(), datetime.UTC)
-        + datetime.timedelta(days=1, hours=3),
+        now=next_morning(today),
         master="local[1]",
     )
     assert run.status == "succeeded", run.error
-    evidence = {}
-    for row in run.evidence.all():
-        evidence.setdefault(row.kind, set()).add(row.message_id)
-    return run, evidence
+    return run, evidence_ids(run)
 
 
 def node_services(workdir):
